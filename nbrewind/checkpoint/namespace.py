@@ -1,0 +1,179 @@
+"""A user namespace whose replayed values load on first use.
+
+IPython uses the user namespace dict as both the cell's locals and the globals
+of every function the notebook defines. CPython then looks names up through the
+dict's `__getitem__`, which calls `__missing__` on a dict subclass when a key is
+absent: that is where a pending (replayed but not yet loaded) value is loaded.
+
+`__missing__` is only defined on the class while some value is pending. A lookup
+that misses (every builtin used inside a notebook function) pays for an
+exception raised from Python while it is defined; without it the miss is raised
+in C. Listing methods (`keys`, iteration, `in`, `len`) include pending names so
+`dir()`, `%who`, `globals()` and completion see them; they are not on the hot
+path of name lookup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+import weakref
+
+Loader = Callable[[str, Any], dict[str, Any]]
+"""Called as loader(name, token); returns the values to bind (the name and its co-variables)."""
+
+_MISSING = object()
+
+
+class LazyNamespace(dict):  # type: ignore[type-arg]
+    """A dict that can hold names whose values are still in the store."""
+
+    __slots__ = ("_pending", "_loader", "__weakref__")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pending: dict[str, Any] = {}
+        self._loader: Loader | None = None
+        key = id(self)
+        _live[key] = weakref.ref(self, lambda _ref, key=key: _live.pop(key, None))
+
+    # -- the session's side -------------------------------------------------
+
+    def set_loader(self, loader: Loader | None) -> None:
+        """Install the function that turns a pending token into values."""
+        self._loader = loader
+
+    def set_pending(self, name: str, token: Any) -> None:
+        """Make `name` pending: drop its current value; it loads from `token` on first use."""
+        dict.pop(self, name, None)
+        self._pending[name] = token
+        _arm()
+
+    def pending(self) -> dict[str, Any]:
+        """Pending names and their tokens (a copy)."""
+        return {k: v for k, v in self._pending.items() if not dict.__contains__(self, k)}
+
+    def is_pending(self, name: str) -> bool:
+        return name in self._pending and not dict.__contains__(self, name)
+
+    def discard_pending(self, name: str) -> None:
+        self._pending.pop(name, None)
+        if not self._pending:
+            _disarm()
+
+    def materialize(self, name: str) -> Any:
+        """Load `name` (and the co-variables that come with it) now and return its value."""
+        token = self._pending.get(name, _MISSING)
+        if token is _MISSING:
+            raise KeyError(name)
+        if self._loader is None:
+            raise KeyError(name)
+        values = self._loader(name, token)
+        for member, value in values.items():
+            if self._pending.get(member, _MISSING) is _MISSING and member != name:
+                continue
+            if member == name or not dict.__contains__(self, member):
+                dict.__setitem__(self, member, value)
+            self._pending.pop(member, None)
+        self._pending.pop(name, None)
+        if not self._pending:
+            _disarm()
+        return dict.__getitem__(self, name)
+
+    def materialize_all(self) -> None:
+        for name in list(self._pending):
+            if name in self._pending and not dict.__contains__(self, name):
+                self.materialize(name)
+        self._pending.clear()
+        _disarm()
+
+    # -- listing and mutation methods that must know about pending names ----
+
+    def _pending_absent(self) -> list[str]:
+        return [k for k in self._pending if not dict.__contains__(self, k)]
+
+    def keys(self) -> Any:  # type: ignore[override]
+        if not self._pending:
+            return dict.keys(self)
+        return list(dict.keys(self)) + self._pending_absent()
+
+    def __iter__(self) -> Iterator[str]:
+        if not self._pending:
+            return dict.__iter__(self)
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return dict.__len__(self) + (len(self._pending_absent()) if self._pending else 0)
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or (key in self._pending if self._pending else False)
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        if dict.__contains__(self, key):
+            return dict.__getitem__(self, key)
+        if self._pending and key in self._pending:
+            return self.materialize(key)
+        return default
+
+    def items(self) -> Any:  # type: ignore[override]
+        if self._pending:
+            self.materialize_all()
+        return dict.items(self)
+
+    def values(self) -> Any:  # type: ignore[override]
+        if self._pending:
+            self.materialize_all()
+        return dict.values(self)
+
+    def copy(self) -> dict[str, Any]:  # type: ignore[override]
+        if self._pending:
+            self.materialize_all()
+        return dict(dict.items(self))
+
+    def __delitem__(self, key: str) -> None:
+        was_pending = self._pending.pop(key, _MISSING) is not _MISSING
+        if not self._pending:
+            _disarm()
+        if dict.__contains__(self, key):
+            dict.__delitem__(self, key)
+        elif not was_pending:
+            raise KeyError(key)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        if not dict.__contains__(self, key) and self._pending and key in self._pending:
+            self.materialize(key)
+        self._pending.pop(key, None)
+        return dict.pop(self, key, *default)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if not dict.__contains__(self, key) and self._pending and key in self._pending:
+            return self.materialize(key)
+        return dict.setdefault(self, key, default)
+
+    def clear(self) -> None:
+        self._pending.clear()
+        _disarm()
+        dict.clear(self)
+
+    def __repr__(self) -> str:
+        return f"<LazyNamespace with {dict.__len__(self)} names and {len(self._pending_absent())} pending>"
+
+
+def _missing(self: LazyNamespace, key: str) -> Any:
+    if key in self._pending:
+        return self.materialize(key)
+    raise KeyError(key)
+
+
+_live: dict[int, weakref.ref[LazyNamespace]] = {}
+
+
+def _arm() -> None:
+    # Defined on the class only while something is pending; see the module docstring.
+    if "__missing__" not in LazyNamespace.__dict__:
+        LazyNamespace.__missing__ = _missing  # type: ignore[attr-defined]
+
+
+def _disarm() -> None:
+    if "__missing__" in LazyNamespace.__dict__ and not any(ns._pending for ns in (r() for r in list(_live.values())) if ns is not None):
+        del LazyNamespace.__missing__  # type: ignore[attr-defined]

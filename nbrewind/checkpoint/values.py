@@ -1,0 +1,81 @@
+"""Store and load groups of co-variables as store objects.
+
+A group becomes one tree object: its children are the chunked blobs of the
+pickle's out-of-band buffers (one per buffer segment, so an unchanged array or
+column is a blob that already exists and costs nothing), its payload is a small
+header plus the pickle stream. Every byte is verified by the store before it is
+unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+from nbrewind.checkpoint.serialize import Pickled, Unserializable, pickle_group, unpickle_group
+from nbrewind.store.objects import ObjectStore
+
+_MAGIC = b"NBRV1"
+
+
+def store_group(objects: ObjectStore, mapping: Mapping[str, object]) -> tuple[str, int] | Unserializable:
+    """Pickle `mapping` as one group and store it; return (digest, bytes written).
+
+    The bytes-written figure is what the store actually added (deduplicated
+    chunks cost nothing).
+    """
+    pickled = pickle_group(mapping)
+    if isinstance(pickled, Unserializable):
+        return pickled
+    return store_pickled(objects, pickled)
+
+
+def store_pickled(objects: ObjectStore, pickled: Pickled) -> tuple[str, int]:
+    """Store an already pickled group; return (digest, bytes written)."""
+    before = getattr(objects, "bytes_written", 0)
+    children: list[str] = []
+    counts: list[int] = []
+    for index in range(len(pickled.buffers)):
+        segments = pickled.buffer_segments(index)
+        counts.append(len(segments))
+        children.extend(objects.put_blob(segment) for segment in segments)
+    header = json.dumps({"segments": counts}).encode()
+    payload = _MAGIC + struct.pack("<I", len(header)) + header + pickled.payload
+    digest = objects.put_tree(children, payload)
+    return digest, getattr(objects, "bytes_written", 0) - before
+
+
+def load_group(objects: ObjectStore, digest: str) -> dict[str, object]:
+    """Load and unpickle the group stored under `digest` (every object verified first)."""
+    children, payload = objects.get_tree(digest)
+    if not payload.startswith(_MAGIC):
+        raise ValueError(f"object {digest} is not a stored value group")
+    (size,) = struct.unpack_from("<I", payload, len(_MAGIC))
+    start = len(_MAGIC) + 4
+    header: dict[str, Any] = json.loads(payload[start : start + size])
+    stream = payload[start + size :]
+    buffers: list[bytearray] = []
+    position = 0
+    for count in header["segments"]:
+        parts = [objects.get_blob(d) for d in children[position : position + count]]
+        position += count
+        if count == 1:
+            buffers.append(parts[0])
+        else:
+            joined = bytearray()
+            for part in parts:
+                joined += part
+            buffers.append(joined)
+    return unpickle_group(stream, buffers)
+
+
+def store_json(objects: ObjectStore, doc: Mapping[str, Any]) -> str:
+    """Store a small JSON document (an Unserializable record, a module reference)."""
+    return objects.put(json.dumps(doc, sort_keys=True).encode())
+
+
+def load_json(objects: ObjectStore, digest: str) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads(objects.get(digest))
+    return result

@@ -1,0 +1,244 @@
+"""`jupyter nbrewind ...`: thin commands over library functions that return data.
+
+Each subcommand parses its arguments, calls one function and prints the result as
+a table or, with `--json`, as JSON. Commands whose feature has not landed say so
+and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from nbrewind._version import __version__
+from nbrewind.errors import NbrewindError
+
+NOT_YET = 2
+
+
+def _json(value: Any) -> str:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    elif isinstance(value, list):
+        value = [dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v for v in value]
+    return json.dumps(value, indent=2, default=str)
+
+
+def _store_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", help="the store folder (default: NBREWIND_STORE, else ./.nbrewind)")
+
+
+def _open_store(args: argparse.Namespace, *, readonly: bool = True) -> Any:
+    from nbrewind.store import Store, resolve_store_path
+
+    path = Path(args.store) if args.store else resolve_store_path()
+    return Store.open(path, create=False, readonly=readonly)
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    from nbrewind.kernelspec import install_kernelspecs
+
+    prefix = sys.prefix if args.sys_prefix else args.prefix
+    specs = install_kernelspecs(user=args.user, prefix=prefix)
+    if args.json:
+        print(_json(specs))
+    else:
+        for spec in specs:
+            print(f"installed {spec.name} in {spec.path} (python: {spec.python})")
+    return 0
+
+
+def cmd_du(args: argparse.Namespace) -> int:
+    from nbrewind.store import du
+
+    with _open_store(args) as store:
+        report = du(store)
+    if args.json:
+        print(_json(report))
+    else:
+        print(f"store:            {store.root}")
+        print(f"objects:          {report.objects:,}")
+        print(f"stored bytes:     {report.stored_bytes:,}")
+        print(f"logical bytes:    {report.logical_bytes:,}")
+        print(f"referenced bytes: {report.referenced_bytes:,}")
+        print(f"dedup ratio:      {report.dedup_ratio:.2f}x")
+        print(f"compression:      {report.compression_ratio:.2f}x")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from nbrewind.store import verify_store
+
+    target = Path(args.target) if args.target else None
+    if target is not None and target.is_file():
+        print("verifying a backpack file is not implemented yet", file=sys.stderr)
+        return NOT_YET
+    if target is not None:
+        args.store = str(target)
+    with _open_store(args) as store:
+        report = verify_store(store)
+    if args.json:
+        print(_json(report))
+    else:
+        for bad in report.corrupt:
+            print(f"corrupt: {bad.digest}: {bad.problem}")
+        for digest in report.missing:
+            print(f"missing: {digest} (referenced but not in the store)")
+        state = "ok" if report.ok else f"{len(report.corrupt)} corrupt, {len(report.missing)} missing"
+        print(f"checked {report.checked:,} objects in {store.root}: {state}")
+    return 0 if report.ok else 1
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from nbrewind.store import gc
+
+    with _open_store(args, readonly=not args.yes) as store:
+        report = gc(store, dry_run=not args.yes)
+    if args.json:
+        print(_json(report))
+    else:
+        verb = "removed" if args.yes else "would remove"
+        print(f"{verb} {len(report.removed):,} unreachable objects ({report.removed_bytes:,} bytes); {report.reachable:,} reachable kept")
+        if not args.yes and report.removed:
+            print("run again with --yes to delete them")
+    return 0
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    from nbrewind.store.report import cell_log, format_log
+
+    with _open_store(args) as store:
+        rows = cell_log(store, last_session=not args.all)
+        tasks = store.catalog.task_log() if args.tasks else []
+    if args.json:
+        print(_json({"cell_runs": [dataclasses.asdict(r) for r in rows], "tasks": [dataclasses.asdict(t) for t in tasks]}))
+        return 0
+    print(format_log(rows))
+    if args.tasks:
+        for t in tasks:
+            print(f"task {t.fingerprint[:12]} {t.key_prefix or '':<24} {'hit' if t.hit else 'miss':<4} run #{t.cell_run_id}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from nbrewind.run import run_notebook
+
+    result = run_notebook(
+        args.notebook, kernel=args.kernel, store=args.store, output=args.output,
+        timeout=args.timeout, allow_errors=args.allow_errors,
+    )
+    if args.json:
+        print(_json(result))
+    else:
+        print(f"ran {result.notebook} on {args.kernel} in {result.seconds:.2f} s"
+              + (f"; outputs in {result.output}" if result.output else ""))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from nbrewind.demo import format_demo, run_demo
+
+    result = run_demo(args.dir, keep=args.keep)
+    print(_json(result) if args.json else format_demo(result))
+    return 0
+
+
+def cmd_not_yet(args: argparse.Namespace) -> int:
+    print(f"jupyter nbrewind {args.command}: not implemented yet (see README.md, Status)", file=sys.stderr)
+    return NOT_YET
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(prog="jupyter nbrewind", description="Checkpointing Jupyter kernels for Dask notebooks.")
+    parser.add_argument("--version", action="version", version=f"nbrewind {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("install", help="write kernelspecs that start this interpreter")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="per-user Jupyter data folder")
+    where.add_argument("--sys-prefix", action="store_true", help="this environment's share/jupyter")
+    where.add_argument("--prefix", help="PREFIX/share/jupyter/kernels")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_install)
+
+    for name, func, helptext in (
+        ("du", cmd_du, "space used: objects, stored and logical bytes, dedup ratio"),
+        ("status", cmd_log, "cell runs of the newest kernel session (same as log)"),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        _store_arg(p)
+        p.add_argument("--json", action="store_true")
+        if name == "status":
+            p.add_argument("--all", action="store_true", help="every session, not only the newest")
+            p.add_argument("--tasks", action="store_true", help="list Dask tasks too")
+        p.set_defaults(func=func)
+
+    p = sub.add_parser("log", help="cell runs: replayed or executed, and why")
+    _store_arg(p)
+    p.add_argument("--all", action="store_true", help="every session, not only the newest")
+    p.add_argument("--tasks", action="store_true", help="list Dask tasks too")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_log)
+
+    p = sub.add_parser("verify", help="re-hash every object of a store (exit 1 if any is corrupt)")
+    p.add_argument("target", nargs="?", help="a store folder (backpack files: not implemented yet)")
+    _store_arg(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("gc", help="remove objects no checkpoint or task log reaches (dry run without --yes)")
+    _store_arg(p)
+    p.add_argument("--yes", action="store_true", help="really delete")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_gc)
+
+    p = sub.add_parser("run", help="execute a notebook headless on the audit, repeat or python3 kernel")
+    p.add_argument("notebook")
+    p.add_argument("--kernel", choices=("audit", "repeat", "python3"), default="audit")
+    p.add_argument("--store", help="store folder (default: NOTEBOOK.nbrewind beside the notebook)")
+    p.add_argument("--output", "-o", help="write the executed notebook here")
+    p.add_argument("--timeout", type=int, default=600, help="seconds per cell")
+    p.add_argument("--allow-errors", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("demo", help="audit a bundled notebook, edit a cell, repeat it, show what replayed")
+    p.add_argument("--dir", help="work in this folder instead of a temporary one (kept)")
+    p.add_argument("--keep", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_demo)
+
+    for name, helptext in (
+        ("pack", "build a backpack archive"),
+        ("unpack", "unpack and verify a backpack"),
+        ("trust", "trust an unpacked backpack"),
+    ):
+        p = sub.add_parser(name, help=f"{helptext} (not implemented yet)")
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=cmd_not_yet)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `jupyter-nbrewind`."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except NbrewindError as exc:
+        print(f"jupyter nbrewind {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except FileNotFoundError as exc:
+        print(f"jupyter nbrewind {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

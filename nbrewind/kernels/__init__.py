@@ -1,0 +1,1 @@
+"""The two Jupyter kernels: thin IPythonKernel subclasses over `nbrewind.session`."""

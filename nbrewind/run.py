@@ -1,0 +1,100 @@
+"""Headless notebook runs through nbclient: the path scripts, CI jobs and our benchmarks use."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+KERNELS = {"audit": "nbrewind-audit", "repeat": "nbrewind-repeat", "python3": "python3"}
+
+
+@dataclass
+class RunResult:
+    """What one headless run did: wall time, per-cell timings and the written notebook."""
+
+    notebook: str
+    kernel: str
+    store: str | None
+    seconds: float
+    cell_seconds: list[float] = field(default_factory=list)
+    output: str | None = None
+    error: str | None = None
+
+
+def default_store(notebook: Path) -> Path:
+    """`<notebook>.nbrewind` beside the notebook, as the kernels use in JupyterLab."""
+    return notebook.with_name(notebook.name + ".nbrewind")
+
+
+def run_notebook(
+    notebook: str | os.PathLike[str],
+    *,
+    kernel: str = "audit",
+    store: str | os.PathLike[str] | None = None,
+    output: str | os.PathLike[str] | None = None,
+    timeout: int = 600,
+    allow_errors: bool = False,
+    env: dict[str, str] | None = None,
+) -> RunResult:
+    """Execute `notebook` on the audit, repeat or plain python3 kernel and write the outputs.
+
+    The kernel starts in the notebook's folder. Unless `store` is given the
+    NBRewind kernels use `<notebook>.nbrewind` beside it, so a later repeat run of
+    the same notebook finds the audit's records.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    path = Path(notebook).resolve()
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+    nb = nbformat.read(path, as_version=4)
+    kernel_env = dict(os.environ if env is None else env)
+    store_path = None
+    if kernel != "python3":
+        store_path = Path(store).resolve() if store is not None else default_store(path)
+        kernel_env["NBREWIND_STORE"] = str(store_path)
+    client = NotebookClient(
+        nb,
+        kernel_name=KERNELS[kernel],
+        timeout=timeout,
+        allow_errors=allow_errors,
+        resources={"metadata": {"path": str(path.parent)}},
+        record_timing=True,
+    )
+    started = time.perf_counter()
+    error = None
+    try:
+        client.execute(env=kernel_env)
+    except CellExecutionError as exc:
+        error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if not allow_errors:
+            raise
+    seconds = time.perf_counter() - started
+    result = RunResult(str(path), kernel, str(store_path) if store_path else None, seconds, _cell_seconds(nb), None, error)
+    if output is not None:
+        nbformat.write(nb, str(output))
+        result.output = str(output)
+    return result
+
+
+def _cell_seconds(nb: Any) -> list[float]:
+    """Per-code-cell execution time from nbclient's recorded timing metadata."""
+    from datetime import datetime
+
+    out = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        timing = cell.get("metadata", {}).get("execution", {})
+        start, end = timing.get("iopub.execute_input"), timing.get("shell.execute_reply")
+        if start and end:
+            fmt = "%Y-%m-%dT%H:%M:%S.%fZ"
+            out.append((datetime.strptime(end, fmt) - datetime.strptime(start, fmt)).total_seconds())
+        else:
+            out.append(0.0)
+    return out

@@ -1,0 +1,681 @@
+"""The Session: what the kernels ask before and after every execute_request.
+
+Audit: every cell runs; afterwards its outputs, the names it read (with their
+digests) and a checkpoint are recorded. Repeat: a cell whose normalized code and
+every recorded input still match an earlier run is replayed (outputs re-sent,
+writes bound lazily from the store); any other cell runs and is recorded.
+
+Any failure in here is reported once on stderr and the cell runs as it would on
+a plain kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nbrewind.analysis import CellEffects, analyze_cell, transitive_reads
+from nbrewind.checkpoint import hidden
+from nbrewind.checkpoint.namespace import LazyNamespace
+from nbrewind.checkpoint.outputs import OutputCapture, decode_outputs, encode_outputs, for_replay
+from nbrewind.checkpoint.values import load_group, store_group
+from nbrewind.errors import NbrewindError
+from nbrewind.session import policy
+from nbrewind.session.state import HIDDEN, MODULE, UNSERIALIZABLE, VALUE, Entry, LiveState
+from nbrewind.store import Store, resolve_store_path
+from nbrewind.store.catalog import CellRun
+from nbrewind.store.digest import digest_bytes
+
+Emit = Callable[[str, dict[str, Any], dict[str, Any], list[bytes]], None]
+ABSENT = "absent"
+
+
+@dataclass
+class CellPlan:
+    """What the session decided for one execute_request, and what it saw before the cell ran."""
+
+    record: bool
+    replay: bool = False
+    code: str = ""
+    transformed: str = ""
+    code_digest: str = ""
+    cell_id: str | None = None
+    msg_id: str | None = None
+    effects: CellEffects | None = None
+    reads: set[str] = field(default_factory=set)
+    inputs: dict[str, str] = field(default_factory=dict)
+    match: CellRun | None = None
+    reason: str = ""
+    started: float = 0.0
+    rng_before: dict[str, str] = field(default_factory=dict)
+    env_before: dict[str, str] = field(default_factory=dict)
+    cwd_before: str = ""
+    tracking: contextlib.ExitStack | None = None
+
+
+@dataclass
+class LastCell:
+    """The most recent decision, for `%nbrewind why` and `status`."""
+
+    execution_count: int
+    decision: str
+    reason: str
+    seconds: float = 0.0
+    bytes_written: int = 0
+    checkpoint_seconds: float = 0.0
+    cell_run_id: int | None = None
+
+
+class Session:
+    """Per-kernel NBRewind state: the store, the live checkpoint and the decisions."""
+
+    @staticmethod
+    def make_namespace(mode: str) -> LazyNamespace | None:
+        """The user namespace the kernel should start with (lazy on repeat)."""
+        if mode == "repeat" and os.environ.get("NBREWIND_LAZY", "1") != "0":
+            return LazyNamespace()
+        return None
+
+    @classmethod
+    def for_shell(cls, shell: Any, *, mode: str, emit: Emit) -> Session:
+        """A session for an IPython shell, storing where DESIGN.md says."""
+        return cls(shell, mode=mode, emit=emit)
+
+    def __init__(self, shell: Any, *, mode: str, emit: Emit, store_path: Path | None = None) -> None:
+        if mode not in ("audit", "repeat"):
+            raise ValueError(f"mode must be 'audit' or 'repeat', not {mode!r}")
+        self.shell = shell
+        self.mode = mode
+        self.emit = emit
+        self.session_id = uuid.uuid4().hex
+        self.enabled = True
+        self.capture = OutputCapture()
+        self.start_dir = Path(os.getcwd()).resolve()
+        self._store_path = store_path
+        self._store: Store | None = None
+        self._state: LiveState | None = None
+        self._store_failed = False
+        self._files: hidden.FileTracker | None = None
+        self._checkpoint_id: int | None = None
+        self.last: LastCell | None = None
+        ns = shell.user_ns
+        if isinstance(ns, LazyNamespace):
+            ns.set_loader(self._load_pending)
+
+    # -- plumbing ---------------------------------------------------------------
+
+    @property
+    def namespace(self) -> dict[str, Any]:
+        ns: dict[str, Any] = self.shell.user_ns
+        return ns
+
+    def observe_sends(self, session: Any) -> contextlib.AbstractContextManager[None]:
+        """Wrap the kernel's message session so cell outputs are captured."""
+        return self.capture.observing(session)
+
+    def store_location(self) -> Path:
+        if self._store_path is not None:
+            return self._store_path
+        notebook = os.environ.get("JPY_SESSION_NAME") or self.namespace.get("__session__") or None
+        if notebook and not str(notebook).endswith(".ipynb"):
+            notebook = None
+        return resolve_store_path(notebook_path=notebook, cwd=self.start_dir)
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = Store.open(self.store_location(), create=True)
+            self._state = LiveState(self._store.objects)
+            self._files = hidden.FileTracker(exclude=[str(self._store.root), *hidden.default_exclusions()])
+        return self._store
+
+    @property
+    def state(self) -> LiveState:
+        self.store
+        assert self._state is not None
+        return self._state
+
+    def _warn(self, what: str, exc: BaseException | None = None) -> None:
+        detail = f": {type(exc).__name__}: {exc}" if exc is not None else ""
+        print(f"NBRewind warning: {what}{detail}. The cell ran as on a plain kernel.", file=sys.stderr)
+        if os.environ.get("NBREWIND_DEBUG") and exc is not None:
+            traceback.print_exception(exc, file=sys.__stderr__)
+
+    def _ready(self) -> bool:
+        if not self.enabled or self._store_failed:
+            return False
+        try:
+            self.store
+        except (NbrewindError, OSError) as exc:
+            self._store_failed = True
+            self._warn(f"recording is off for this kernel: the store at {self.store_location()} cannot be used", exc)
+            return False
+        return True
+
+    # -- before a cell ------------------------------------------------------------
+
+    def begin(
+        self, code: str, *, silent: bool = False, store_history: bool = True, cell_id: str | None = None, msg_id: str | None = None
+    ) -> CellPlan:
+        """Analyse the request and decide: replay it, or run and record it."""
+        if silent or not store_history or not self._ready():
+            return CellPlan(record=False)
+        try:
+            plan = self._plan(code, cell_id, msg_id)
+        except Exception as exc:
+            self._warn("could not analyse the cell; it is not recorded", exc)
+            return CellPlan(record=False)
+        if plan.replay:
+            return plan
+        try:
+            self._start_run(plan)
+        except Exception as exc:
+            self._warn("could not start recording the cell", exc)
+            return CellPlan(record=False)
+        return plan
+
+    def _plan(self, code: str, cell_id: str | None, msg_id: str | None) -> CellPlan:
+        try:
+            transformed = self.shell.transform_cell(code)
+        except Exception:
+            transformed = code
+        effects = analyze_cell(transformed)
+        plan = CellPlan(
+            record=True,
+            code=code,
+            transformed=transformed,
+            code_digest=policy.code_digest(transformed),
+            cell_id=cell_id,
+            msg_id=msg_id,
+            effects=effects,
+        )
+        plan.reads = self._reads(effects)
+        plan.inputs = {name: self._key(name) for name in sorted(plan.reads)}
+        if self.mode == "repeat":
+            self._find_match(plan)
+        return plan
+
+    def _user_names(self) -> set[str]:
+        ns = self.namespace
+        hidden_ns = getattr(self.shell, "user_ns_hidden", {})
+        return {n for n in ns.keys() if policy.is_user_name(n, dict.get(ns, n), hidden_ns)}
+
+    def _reads(self, effects: CellEffects) -> set[str]:
+        """Every name whose value the cell may depend on (statically, and through the
+        notebook functions it calls)."""
+        if effects.dynamic:
+            return self._user_names() | set(effects.reads) | set(effects.mutated)
+        reads = set(effects.reads) | set(effects.mutated) | set(effects.deletes)
+        reads |= set(transitive_reads(frozenset(reads), _FunctionView(self), _is_user_function))
+        return reads
+
+    def _key(self, name: str) -> str:
+        """The digest a cell key records for `name` now."""
+        entry = self.state.entries.get(name)
+        ns = self.namespace
+        present = dict.__contains__(ns, name)
+        if entry is not None and (not present or self.state.rebound([name], ns) == set()):
+            return entry.key
+        if isinstance(ns, LazyNamespace) and ns.is_pending(name) and entry is not None:
+            return entry.key
+        if not present:
+            return ABSENT
+        from nbrewind.checkpoint.serialize import Unserializable, digest_value
+
+        vd = digest_value(dict.__getitem__(ns, name))
+        if isinstance(vd, Unserializable):
+            return "unserializable|" + vd.type_name
+        return "untracked|" + vd
+
+    def _hidden_key(self, name: str) -> str:
+        if name.startswith("@rng:"):
+            return hidden.rng_states().get(name[5:], ABSENT)
+        if name.startswith("@file:"):
+            return hidden.file_digest(self._abs(name[6:])) or ABSENT
+        if name == "@cwd":
+            return self._rel(os.getcwd())
+        return ABSENT
+
+    def _find_match(self, plan: CellPlan) -> None:
+        assert plan.effects is not None
+        if plan.reads & policy.HISTORY_READS:
+            plan.reason = "reads IPython output history (_, Out, In)"
+            return
+        if plan.effects.syntax_error:
+            plan.reason = "syntax error"
+            return
+        runs = self.store.catalog.find_cell_runs(plan.code_digest)
+        if not runs:
+            plan.reason = "no record of this code" if not self._had_cell(plan) else "code changed"
+            return
+        first_mismatch = ""
+        for run in runs:
+            if run.status not in ("ok", "error") or run.checkpoint_id is None:
+                continue
+            mismatch = self._mismatch(run)
+            if mismatch is None:
+                blocked = self._unreplayable(run)
+                if blocked:
+                    first_mismatch = first_mismatch or blocked
+                    continue
+                plan.replay = True
+                plan.match = run
+                plan.reason = f"code and {len(run.inputs or {})} inputs match cell run #{run.id}"
+                return
+            first_mismatch = first_mismatch or mismatch
+        plan.reason = first_mismatch or "no usable record"
+
+    def _had_cell(self, plan: CellPlan) -> bool:
+        return plan.cell_id is not None and any(r.cell_id == plan.cell_id for r in self.store.catalog.cell_runs()[-200:])
+
+    def _mismatch(self, run: CellRun) -> str | None:
+        for name, recorded in (run.inputs or {}).items():
+            current = self._hidden_key(name) if name.startswith("@") else self._key(name)
+            if current != recorded:
+                what = name[1:] if name.startswith("@") else name
+                return f"input {what} changed"
+        return None
+
+    def _unreplayable(self, run: CellRun) -> str:
+        entries = self.store.catalog.checkpoint_entries(run.checkpoint_id) if run.checkpoint_id else {}
+        for name in run.writes or []:
+            item = entries.get(name)
+            if item is not None and item[1].get("kind") == UNSERIALIZABLE:
+                return f"it makes {name}, which cannot be stored ({item[1].get('type')})"
+        return ""
+
+    def _start_run(self, plan: CellPlan) -> None:
+        plan.started = time.perf_counter()
+        plan.rng_before = hidden.rng_states()
+        plan.env_before = hidden.env_snapshot()
+        plan.cwd_before = os.getcwd()
+        if plan.msg_id:
+            self.capture.start(plan.msg_id)
+        stack = contextlib.ExitStack()
+        assert self._files is not None
+        self._files.clear()
+        stack.enter_context(self._files.tracking())
+        plan.tracking = stack
+
+    # -- after a cell ran -----------------------------------------------------------
+
+    def finish(self, plan: CellPlan, reply: Mapping[str, Any]) -> None:
+        """Record the cell run and its checkpoint."""
+        if not plan.record or plan.replay:
+            return
+        outputs = self.capture.stop(plan.msg_id) if plan.msg_id else []
+        if plan.tracking is not None:
+            plan.tracking.close()
+        duration = time.perf_counter() - plan.started
+        try:
+            self._record(plan, reply, outputs, duration)
+        except KeyboardInterrupt:
+            self._warn("checkpointing was interrupted; this cell is not recorded")
+        except Exception as exc:
+            self._warn("could not checkpoint the cell; it is not recorded", exc)
+
+    def _record(self, plan: CellPlan, reply: Mapping[str, Any], outputs: list[Any], duration: float) -> None:
+        assert plan.effects is not None and self._files is not None
+        ns = self.namespace
+        state = self.state
+        objects = self.store.objects
+        user = self._user_names()
+        effects = plan.effects
+        candidates = state.rebound(user, ns) | set(effects.writes) | policy.possibly_mutated(effects, ns)
+        candidates |= set(effects.deferred_writes)
+        if effects.dynamic:
+            candidates |= user
+        result = state.checkpoint(ns, user, candidates)
+        if isinstance(ns, LazyNamespace):
+            for name in result.changed:
+                ns.discard_pending(name)
+        changed = dict(result.changed)
+        written = result.bytes_written
+        inputs = dict(plan.inputs)
+        # Hidden state: RNGs, files, environment, working directory.
+        rng_after = hidden.rng_states()
+        saved = hidden.capture_rng()
+        for which, digest in rng_after.items():
+            if plan.rng_before.get(which) != digest:
+                inputs[f"@rng:{which}"] = plan.rng_before.get(which, ABSENT)
+                stored = store_group(objects, {"state": saved[which]})
+                if not isinstance(stored, tuple):
+                    continue
+                changed[f"@rng:{which}"] = Entry(stored[0], HIDDEN, digest, (), {"what": "rng", "rng": which})
+                written += stored[1]
+        for path in sorted(self._files.reads):
+            if path not in self._files.writes:
+                inputs[f"@file:{self._rel(path)}"] = hidden.file_digest(path) or ABSENT
+        for path in sorted(self._files.writes):
+            rel = self._rel(path)
+            if os.path.isfile(path):
+                before = getattr(objects, "bytes_written", 0)
+                blob = objects.put_blob(Path(path).read_bytes())
+                written += getattr(objects, "bytes_written", 0) - before
+                changed[f"@file:{rel}"] = Entry(blob, HIDDEN, hidden.file_digest(path) or ABSENT, (), {"what": "file", "path": rel})
+            else:
+                changed[f"@file:{rel}"] = Entry(ABSENT, HIDDEN, ABSENT, (), {"what": "file", "path": rel, "deleted": True})
+        if self._files.reads or self._files.writes:
+            inputs["@cwd"] = self._rel(plan.cwd_before)
+        for var, value in hidden.env_diff(plan.env_before, hidden.env_snapshot()).items():
+            changed[f"@env:{var}"] = Entry(ABSENT, HIDDEN, value or ABSENT, (), {"what": "env", "var": var, "value": value})
+        if os.getcwd() != plan.cwd_before:
+            rel = self._rel(os.getcwd())
+            changed["@cwd"] = Entry(ABSENT, HIDDEN, rel, (), {"what": "cwd", "path": rel})
+        state.entries.update({k: v for k, v in changed.items() if k.startswith("@")})
+        outputs_digest = self._store_outputs(outputs)
+        status = _status(reply)
+        count = self._count(reply)
+        with self.store.catalog.transaction():
+            run_id = self.store.catalog.add_cell_run(
+                session=self.session_id,
+                kernel=self.mode,
+                execution_count=count,
+                cell_id=plan.cell_id,
+                code=plan.code,
+                code_digest=plan.code_digest,
+                decision="executed",
+                reason="audit records every cell" if self.mode == "audit" else plan.reason,
+                status=status,
+                reply=_reply_record(reply),
+                outputs=outputs_digest,
+                inputs=inputs,
+                reads=sorted(plan.reads),
+                writes=sorted(changed),
+                deletes=sorted(result.deleted),
+                started=time.time() - duration,
+                duration=duration,
+                bytes_written=written,
+            )
+            self._checkpoint_id = self.store.catalog.add_checkpoint(
+                run_id, self._checkpoint_id, {k: (v.digest, v.to_meta()) for k, v in state.entries.items()}
+            )
+            self.store.catalog.update_cell_run(run_id, checkpoint_id=self._checkpoint_id)
+        reason = "audit records every cell" if self.mode == "audit" else plan.reason
+        self.last = LastCell(count, "executed", reason, duration, written, result.seconds, run_id)
+        if result.unserializable:
+            names = ", ".join(sorted(result.unserializable))
+            print(f"NBRewind: {names} cannot be stored; a repeat rebuilds it by running this cell.", file=sys.stderr)
+
+    def _store_outputs(self, outputs: list[Any]) -> str | None:
+        if not outputs:
+            return None
+        payload, buffers = encode_outputs(outputs)
+        objects = self.store.objects
+        return objects.put_tree([objects.put(b) for b in buffers], payload)
+
+    def _count(self, reply: Mapping[str, Any]) -> int:
+        count = reply.get("execution_count")
+        return int(count) if isinstance(count, int) else int(self.shell.execution_count) - 1
+
+    # -- replay ------------------------------------------------------------------------
+
+    def replay(self, plan: CellPlan) -> dict[str, Any] | None:
+        """Send the matched run's outputs, bind its writes, and return its reply.
+
+        Returns None when the replay cannot be prepared; the cell then runs.
+        """
+        run = plan.match
+        assert run is not None and run.checkpoint_id is not None
+        try:
+            entries = {
+                k: Entry.from_meta(d, m) for k, (d, m) in self.store.catalog.checkpoint_entries(run.checkpoint_id).items()
+            }
+            outputs = []
+            if run.outputs:
+                children, payload = self.store.objects.get_tree(run.outputs)
+                outputs = decode_outputs(payload, [self.store.objects.get(c) for c in children])
+        except Exception as exc:
+            self._warn(f"could not replay cell run #{run.id}; running the cell instead", exc)
+            plan.replay = False
+            self._start_run(plan)
+            return None
+        started = time.perf_counter()
+        count = int(self.shell.execution_count)
+        for message in outputs:
+            m = for_replay(message, count)
+            self.emit(m.msg_type, m.content, m.metadata, m.buffers)
+        self._apply(entries, run.writes or [], run.deletes or [])
+        self._advance_history(plan.code, count)
+        duration = time.perf_counter() - started
+        try:
+            with self.store.catalog.transaction():
+                run_id = self.store.catalog.add_cell_run(
+                    session=self.session_id,
+                    kernel=self.mode,
+                    execution_count=count,
+                    cell_id=plan.cell_id,
+                    code=plan.code,
+                    code_digest=plan.code_digest,
+                    decision="replayed",
+                    reason=plan.reason,
+                    status=run.status,
+                    reply=run.reply,
+                    outputs=run.outputs,
+                    inputs=run.inputs,
+                    reads=run.reads,
+                    writes=run.writes,
+                    deletes=run.deletes,
+                    started=time.time() - duration,
+                    duration=duration,
+                    bytes_written=0,
+                )
+                self._checkpoint_id = self.store.catalog.add_checkpoint(
+                    run_id, self._checkpoint_id, {k: (v.digest, v.to_meta()) for k, v in self.state.entries.items()}
+                )
+                self.store.catalog.update_cell_run(run_id, checkpoint_id=self._checkpoint_id)
+        except Exception as exc:
+            self._warn("could not record the replay", exc)
+            run_id = None
+        self.last = LastCell(count, "replayed", plan.reason, duration, 0, 0.0, run_id)
+        reply = dict(run.reply or {"status": "ok"})
+        reply["execution_count"] = count
+        reply.setdefault("user_expressions", {})
+        reply.setdefault("payload", [])
+        return reply
+
+    def _advance_history(self, code: str, count: int) -> None:
+        shell = self.shell
+        with contextlib.suppress(Exception):
+            shell.history_manager.store_inputs(count, code, code)
+        shell.execution_count = count + 1
+
+    def _apply(self, entries: Mapping[str, Entry], writes: list[str], deletes: list[str]) -> None:
+        """Make the namespace and hidden state what `entries` say for these names."""
+        ns = self.namespace
+        state = self.state
+        for name in deletes:
+            if dict.__contains__(ns, name) or (isinstance(ns, LazyNamespace) and ns.is_pending(name)):
+                with contextlib.suppress(KeyError):
+                    del ns[name]
+            state.entries.pop(name, None)
+            state.forget(name)
+        eager: dict[str, list[str]] = {}
+        for name in writes:
+            entry = entries.get(name)
+            if entry is None:
+                continue
+            state.entries[name] = entry
+            if entry.kind == HIDDEN:
+                self._apply_hidden(entry)
+            elif entry.kind == MODULE:
+                ns[name] = state.load(entry)[name]
+                state.remember(name, ns[name])
+            elif entry.kind == VALUE:
+                if isinstance(ns, LazyNamespace):
+                    ns.set_pending(name, entry)
+                    state.forget(name)
+                else:
+                    eager.setdefault(entry.digest, []).append(name)
+        for digest, names in eager.items():
+            values = load_group(state.objects, digest)
+            for name in names:
+                ns[name] = values[name]
+                state.remember(name, values[name])
+
+    def _apply_hidden(self, entry: Entry) -> None:
+        what = entry.extra.get("what")
+        if what == "rng":
+            state = load_group(self.state.objects, entry.digest)["state"]
+            hidden.restore_rng({entry.extra["rng"]: state})
+        elif what == "file":
+            path = Path(self._abs(entry.extra["path"]))
+            if entry.extra.get("deleted"):
+                path.unlink(missing_ok=True)
+            elif hidden.file_digest(path) != entry.key:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(path.name + ".nbrewind-tmp")
+                tmp.write_bytes(self.state.objects.get_blob(entry.digest))
+                os.replace(tmp, path)
+        elif what == "env":
+            value = entry.extra.get("value")
+            if value is None:
+                os.environ.pop(entry.extra["var"], None)
+            else:
+                os.environ[entry.extra["var"]] = value
+        elif what == "cwd":
+            os.chdir(self._abs(entry.extra["path"]))
+
+    def _load_pending(self, name: str, token: Any) -> dict[str, Any]:
+        """LazyNamespace loader: load the group behind `token` and return its pending members."""
+        entry: Entry = token
+        ns = self.namespace
+        assert isinstance(ns, LazyNamespace)
+        try:
+            values = self.state.load(entry)
+        except Exception as exc:
+            raise NameError(
+                f"NBRewind could not load {name!r} from the store ({type(exc).__name__}: {exc}); "
+                f"run `jupyter nbrewind verify`, then re-run the cell that defines {name!r}"
+            ) from exc
+        pending = ns.pending()
+        out = {}
+        for member, value in values.items():
+            token_of = pending.get(member)
+            if member == name or (isinstance(token_of, Entry) and token_of.digest == entry.digest):
+                out[member] = value
+                self.state.remember(member, value)
+        return out
+
+    # -- restore, completion, magic -------------------------------------------------------
+
+    def restore(self, target: str) -> str:
+        """Make the namespace what it was after a recorded cell run (by execution count or cell id)."""
+        runs = self.store.catalog.cell_runs()
+        chosen = None
+        if target.isdigit():
+            number = int(target)
+            mine = [r for r in runs if r.session == self.session_id and r.execution_count == number]
+            others = [r for r in runs if r.execution_count == number]
+            chosen = (mine or others or [None])[-1]
+        else:
+            chosen = ([r for r in runs if r.cell_id == target] or [None])[-1]
+        if chosen is None or chosen.checkpoint_id is None:
+            return f"no recorded cell run for {target!r}; see `jupyter nbrewind log`"
+        entries = {k: Entry.from_meta(d, m) for k, (d, m) in self.store.catalog.checkpoint_entries(chosen.checkpoint_id).items()}
+        current = self._user_names()
+        gone = [n for n in current if n not in entries]
+        self._apply(entries, [n for n in entries if entries[n].kind != UNSERIALIZABLE], gone)
+        self._checkpoint_id = chosen.checkpoint_id
+        missing = sorted(n for n, e in entries.items() if e.kind == UNSERIALIZABLE)
+        note = f"; not restorable: {', '.join(missing)}" if missing else ""
+        return f"restored the state after cell run #{chosen.id} (In [{chosen.execution_count}]): {len(entries)} names{note}"
+
+    def complete_pending(self, code: str, cursor_pos: int | None, reply: dict[str, Any]) -> dict[str, Any]:
+        """Add pending (replayed, not yet loaded) names to a completion reply."""
+        ns = self.namespace
+        if not isinstance(ns, LazyNamespace) or reply.get("status") != "ok":
+            return reply
+        pos = len(code) if cursor_pos is None else cursor_pos
+        start = pos
+        while start > 0 and (code[start - 1].isalnum() or code[start - 1] == "_"):
+            start -= 1
+        prefix = code[start:pos]
+        if not prefix or reply.get("cursor_start", start) != start:
+            return reply
+        extra = [n for n in ns.pending() if n.startswith(prefix) and n not in reply.get("matches", [])]
+        if extra:
+            reply = dict(reply)
+            reply["matches"] = sorted(set(reply.get("matches", [])) | set(extra))
+        return reply
+
+    def magic(self, line: str) -> None:
+        """`%nbrewind status|why|log|off|on|restore N`."""
+        from nbrewind.session.magic import run_magic
+
+        run_magic(self, line)
+
+    def close(self) -> None:
+        if self._store is not None:
+            with contextlib.suppress(Exception):
+                self._store.close()
+
+    # -- paths -------------------------------------------------------------------------------
+
+    def _rel(self, path: str) -> str:
+        """A path relative to the kernel's start folder when it lies inside it (portable keys)."""
+        p = Path(path).resolve()
+        try:
+            return p.relative_to(self.start_dir).as_posix() or "."
+        except ValueError:
+            return p.as_posix()
+
+    def _abs(self, rel: str) -> str:
+        return rel if os.path.isabs(rel) else str(self.start_dir / rel)
+
+
+class _FunctionView(Mapping[str, Any]):
+    """The namespace as transitive_reads sees it: pending values load only if they are functions."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self._ns = session.namespace
+
+    def __getitem__(self, name: str) -> Any:
+        ns = self._ns
+        if dict.__contains__(ns, name):
+            return dict.__getitem__(ns, name)
+        if isinstance(ns, LazyNamespace) and ns.is_pending(name):
+            entry = self._session.state.entries.get(name)
+            if _is_function_entry(entry):
+                return ns.materialize(name)
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.keys(self._ns))
+
+    def __len__(self) -> int:
+        return dict.__len__(self._ns)
+
+
+def _is_function_entry(entry: Entry | None) -> bool:
+    return entry is not None and bool(entry.extra.get("callable"))
+
+
+def _is_user_function(obj: Any) -> bool:
+    return getattr(obj, "__module__", None) == "__main__"
+
+
+def _status(reply: Mapping[str, Any]) -> str:
+    status = reply.get("status", "ok")
+    if status == "error" and reply.get("ename") in ("KeyboardInterrupt", "CancelledError"):
+        return "aborted"
+    return str(status)
+
+
+def _reply_record(reply: Mapping[str, Any]) -> dict[str, Any]:
+    keep = ("status", "ename", "evalue", "traceback", "payload")
+    return json.loads(json.dumps({k: reply[k] for k in keep if k in reply}, default=str))
+
+
+def digest_text(text: str) -> str:
+    return digest_bytes(text.encode())

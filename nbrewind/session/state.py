@@ -1,0 +1,275 @@
+"""The live checkpoint: what the store holds for every user name right now, and how
+one executed cell turns into the next checkpoint.
+
+A checkpoint maps each name to an `Entry`. Entries of co-variables (names that
+share objects) point at one stored group, so `b is a` survives a restore. A cell
+only re-digests the names it may have changed (its candidates) and the names that
+share objects with them; an unchanged digest writes nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+import types
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nbrewind.analysis import reachable_ids
+from nbrewind.checkpoint.serialize import Unserializable, digest_value
+from nbrewind.checkpoint.values import load_group, store_group, store_json
+from nbrewind.store.digest import digest_bytes
+from nbrewind.store.objects import ObjectStore
+
+VALUE, MODULE, UNSERIALIZABLE, HIDDEN = "value", "module", "unserializable", "hidden"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One name in a checkpoint.
+
+    `digest` names the store object holding the value (its group, a module
+    reference or an Unserializable record); `key` is the digest a cell key
+    compares: the value's content plus the names it shares objects with.
+    """
+
+    digest: str
+    kind: str
+    key: str
+    group: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def to_meta(self) -> dict[str, Any]:
+        return {"kind": self.kind, "key": self.key, "group": list(self.group), **self.extra}
+
+    @classmethod
+    def from_meta(cls, digest: str, meta: Mapping[str, Any]) -> Entry:
+        extra = {k: v for k, v in meta.items() if k not in ("kind", "key", "group")}
+        return cls(digest, meta["kind"], meta["key"], tuple(meta.get("group", ())), extra)
+
+
+def value_key(value_digest: str, group: tuple[str, ...]) -> str:
+    return digest_bytes(("v1|" + value_digest + "|" + ",".join(group)).encode())
+
+
+@dataclass
+class CheckpointResult:
+    """What one checkpoint changed and cost."""
+
+    changed: dict[str, Entry]
+    deleted: set[str]
+    bytes_written: int
+    seconds: float
+    unserializable: dict[str, Unserializable]
+
+
+class LiveState:
+    """The current name -> Entry map plus what is needed to update it cheaply."""
+
+    def __init__(self, objects: ObjectStore) -> None:
+        self.objects = objects
+        self.entries: dict[str, Entry] = {}
+        # The object each name was bound to at the last checkpoint; compared by identity.
+        self._last: dict[str, Any] = {}
+        self._reach: dict[str, set[int]] = {}
+        self._holders: dict[int, set[str]] = {}
+
+    # -- identity tracking ----------------------------------------------------
+
+    def remember(self, name: str, value: Any) -> None:
+        """Record that `name` is bound to `value`, as stored in its entry."""
+        self._last[name] = value
+        self._index(name, value)
+
+    def forget(self, name: str) -> None:
+        self._last.pop(name, None)
+        for oid in self._reach.pop(name, ()):
+            holders = self._holders.get(oid)
+            if holders is not None:
+                holders.discard(name)
+                if not holders:
+                    del self._holders[oid]
+
+    def rebound(self, names: Iterable[str], namespace: Mapping[str, Any]) -> set[str]:
+        """Names whose binding is new or differs (by identity) from the last checkpoint."""
+        out = set()
+        for name in names:
+            if not dict.__contains__(namespace, name):
+                continue
+            if self._last.get(name, _NOTHING) is not dict.__getitem__(namespace, name):
+                out.add(name)
+        return out
+
+    def _index(self, name: str, value: Any) -> None:
+        self.forget_reach(name)
+        if isinstance(value, types.ModuleType):
+            return
+        ids = reachable_ids(value)
+        self._reach[name] = ids
+        for oid in ids:
+            self._holders.setdefault(oid, set()).add(name)
+
+    def forget_reach(self, name: str) -> None:
+        for oid in self._reach.pop(name, ()):
+            holders = self._holders.get(oid)
+            if holders is not None:
+                holders.discard(name)
+                if not holders:
+                    del self._holders[oid]
+
+    def _groups(self, candidates: set[str], namespace: Mapping[str, Any], present: set[str]) -> list[tuple[str, ...]]:
+        """Co-variable groups containing the candidates, from fresh reach sets."""
+        for name in candidates:
+            if name in present:
+                self._index(name, dict.__getitem__(namespace, name))
+        parent: dict[str, str] = {}
+
+        def find(x: str) -> str:
+            while parent.setdefault(x, x) != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        todo = [n for n in candidates if n in present]
+        seen: set[str] = set()
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            find(name)
+            for oid in self._reach.get(name, ()):
+                for other in self._holders.get(oid, ()):
+                    if other != name and other in present:
+                        parent[find(other)] = find(name)
+                        if other not in seen:
+                            todo.append(other)
+        comps: dict[str, list[str]] = {}
+        for name in seen:
+            comps.setdefault(find(name), []).append(name)
+        return [tuple(sorted(c)) for c in comps.values()]
+
+    # -- checkpointing --------------------------------------------------------
+
+    def checkpoint(
+        self,
+        namespace: Mapping[str, Any],
+        user_names: set[str],
+        candidates: set[str],
+        *,
+        unserializable_context: dict[str, Any] | None = None,
+    ) -> CheckpointResult:
+        """Bring the entries up to date with `namespace` after a cell ran.
+
+        `user_names` are the user's names now present (or pending); `candidates`
+        are names the cell may have rebound or mutated.
+        """
+        started = time.perf_counter()
+        written = 0
+        changed: dict[str, Entry] = {}
+        unser: dict[str, Unserializable] = {}
+        deleted = {n for n in self.entries if n not in user_names and not n.startswith("@")}
+        for name in deleted:
+            self.entries.pop(name, None)
+            self.forget(name)
+        present = {n for n in user_names if dict.__contains__(namespace, n)}
+        candidates = (candidates & present) | (present - set(self.entries) - set(self._last))
+        for group in self._groups(candidates, namespace, present):
+            values = {n: dict.__getitem__(namespace, n) for n in group}
+            modules = {n for n, v in values.items() if isinstance(v, types.ModuleType)}
+            for name in modules:
+                mod = values.pop(name)
+                entry = Entry(
+                    store_json(self.objects, {"module": mod.__name__}),
+                    MODULE,
+                    digest_bytes(("module|" + mod.__name__).encode()),
+                    (name,),
+                    {"module": mod.__name__},
+                )
+                if self.entries.get(name) != entry:
+                    changed[name] = entry
+                self.entries[name] = entry
+                self.remember(name, mod)
+            if not values:
+                continue
+            names = tuple(sorted(values))
+            digests: dict[str, str | Unserializable] = {n: digest_value(v) for n, v in values.items()}
+            bad = {n: d for n, d in digests.items() if isinstance(d, Unserializable)}
+            if bad:
+                written += self._store_split(values, names, bad, changed, unser, unserializable_context)
+                continue
+            keys = {n: value_key(str(digests[n]), names) for n in names}
+            if all(self.entries.get(n) is not None and self.entries[n].key == keys[n] for n in names):
+                for n in names:
+                    self.remember(n, values[n])
+                continue
+            result = store_group(self.objects, values)
+            if isinstance(result, Unserializable):
+                written += self._store_split(values, names, {}, changed, unser, unserializable_context)
+                continue
+            digest, nbytes = result
+            written += nbytes
+            for n in names:
+                entry = Entry(digest, VALUE, keys[n], names, _value_extra(values[n]))
+                self.entries[n] = entry
+                changed[n] = entry
+                self.remember(n, values[n])
+        return CheckpointResult(changed, deleted, written, time.perf_counter() - started, unser)
+
+    def _store_split(
+        self,
+        values: dict[str, Any],
+        names: tuple[str, ...],
+        bad: dict[str, Unserializable],
+        changed: dict[str, Entry],
+        unser: dict[str, Unserializable],
+        context: dict[str, Any] | None,
+    ) -> int:
+        """Store a group that holds unserializable members: each member on its own."""
+        written = 0
+        for n in names:
+            value = values[n]
+            reason = bad.get(n)
+            result: tuple[str, int] | Unserializable = reason if reason is not None else store_group(self.objects, {n: value})
+            if isinstance(result, Unserializable):
+                record = {"type": result.type_name, "reason": result.reason, **(context or {})}
+                entry = Entry(
+                    store_json(self.objects, record),
+                    UNSERIALIZABLE,
+                    digest_bytes(("unserializable|" + result.type_name).encode()),
+                    (n,),
+                    {"type": result.type_name, "reason": result.reason},
+                )
+                unser[n] = result
+            else:
+                digest, nbytes = result
+                written += nbytes
+                vd = digest_value(value)
+                entry = Entry(digest, VALUE, value_key(str(vd), (n,)), (n,), _value_extra(value))
+            if self.entries.get(n) != entry:
+                changed[n] = entry
+            self.entries[n] = entry
+            self.remember(n, value)
+        return written
+
+    # -- restoring -------------------------------------------------------------
+
+    def load(self, entry: Entry) -> dict[str, Any]:
+        """The values stored for `entry`'s group (or its module)."""
+        if entry.kind == MODULE:
+            return {entry.group[0]: importlib.import_module(entry.extra["module"])}
+        if entry.kind != VALUE:
+            raise LookupError(f"entry of kind {entry.kind} has no stored value")
+        return load_group(self.objects, entry.digest)
+
+
+def _value_extra(value: Any) -> dict[str, Any]:
+    """Metadata the repeat kernel uses without loading the value."""
+    extra: dict[str, Any] = {"type": f"{type(value).__module__}.{type(value).__qualname__}"}
+    if isinstance(value, (types.FunctionType, type)):
+        extra["callable"] = True
+    return extra
+
+
+_NOTHING = object()
