@@ -1,0 +1,365 @@
+"""Which variables share objects (co-variables), found by walking what each value reaches.
+
+After `b = a` or `d = {"x": lst}` two names lead to one object, and a restore
+must bring them back as one object, so the checkpoint stores them together.
+Deciding that means indexing, per name, the id() of every object its value
+reaches. What is *not* indexed matters as much: modules, classes and functions
+from libraries, dtypes, singletons, small numbers and strings are shared by
+everything, and indexing them would glue unrelated variables into one huge
+group (the notebook's `np` merged with a 230 MB array, rewritten on every
+cell). Large buffers (numpy arrays, pandas objects) are leaves: their own
+identity counts, their insides are never walked, which keeps the index cheap.
+
+ids are in-memory keys only, valid while the namespace holds the objects;
+nothing here is ever persisted.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import enum
+import functools
+import pathlib
+import re
+import sys
+import types
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+# Top-level packages whose objects are leaves: indexed by their own identity,
+# never walked (their internals are large, or are caches shared by everything).
+LEAF_PACKAGES = frozenset({"numpy", "pandas", "pyarrow", "polars", "dask", "distributed", "xarray", "torch", "scipy"})
+
+# Immutable strings and bytes shorter than this are not indexed: identity of an
+# immutable value is only observable through `is`, and short ones are shared by
+# coincidence (interning, constants of one code object). Longer ones are, so
+# that a restore does not duplicate a large buffer two names shared.
+MIN_INDEXED_TEXT = 1024
+
+_NOT_INDEXED_TYPES = (
+    type(None),
+    bool,
+    int,
+    float,
+    complex,
+    type(Ellipsis),
+    type(NotImplemented),
+    types.ModuleType,
+    types.WrapperDescriptorType,
+    types.MethodWrapperType,
+    types.MethodDescriptorType,
+    types.ClassMethodDescriptorType,
+    types.GetSetDescriptorType,
+    types.MemberDescriptorType,
+    types.CodeType,
+    # Immutable values and singletons: identity carries no meaning, and sharing
+    # them (`re.I`, an enum member, a cached compiled pattern) must not glue.
+    enum.Enum,
+    re.Pattern,
+    range,
+    slice,
+    datetime.date,
+    datetime.time,
+    datetime.timedelta,
+    datetime.tzinfo,
+    pathlib.PurePath,
+)
+
+
+class _Kind(Enum):
+    SKIP = 0  # neither indexed nor walked
+    LEAF = 1  # indexed, not walked
+    TEXT = 2  # str / bytes: indexed when large
+    SEQUENCE = 3  # list, tuple, set, frozenset, deque: walk the items
+    MAPPING = 4  # dict: walk keys and values
+    ARRAY = 5  # numpy array: indexed with the root of its .base chain
+    FUNCTION = 6
+    CLASS = 7
+    METHOD = 8  # bound methods, builtin or not: walk __self__
+    PARTIAL = 9
+    MEMORYVIEW = 10
+    OBJECT = 11  # anything else: walk __dict__ and __slots__
+    BUILTIN = 12  # builtin function (skipped) or builtin bound method (walk __self__)
+
+
+def _is_notebook(obj: object) -> bool:
+    return getattr(obj, "__module__", None) == "__main__"
+
+
+@dataclass(frozen=True)
+class AliasIndex:
+    """Co-variable groups of a namespace, and the reverse index id() -> names.
+
+    `groups` partition the indexed names; `names_by_id` maps the id() of every
+    indexed object to the group of names that reach it. `truncated` says a walk
+    stopped at its bounds, so some sharing may be missed.
+    """
+
+    groups: tuple[frozenset[str], ...]
+    names_by_id: Mapping[int, frozenset[str]]
+    truncated: bool = False
+
+    def group_of(self, name: str) -> frozenset[str]:
+        """The group holding `name` (just `{name}` for a name not indexed)."""
+        for group in self.groups:
+            if name in group:
+                return group
+        return frozenset({name})
+
+    def names_sharing(self, obj: object) -> frozenset[str]:
+        """Names whose values reach `obj` (empty if none, or `obj` is not indexed)."""
+        return self.names_by_id.get(id(obj), frozenset())
+
+
+class _Walker:
+    """Walks object graphs, reporting the id() of every indexed object to a callback."""
+
+    def __init__(self, max_objects: int, max_depth: int) -> None:
+        self.max_objects = max_objects
+        self.max_depth = max_depth
+        self.truncated = False
+        self._kinds: dict[type, _Kind] = {}
+        numpy = sys.modules.get("numpy")  # never imported here: only if the notebook did
+        self._ndarray: type | None = getattr(numpy, "ndarray", None)
+        self._numpy_skip: tuple[type, ...] = tuple(
+            t for t in (getattr(numpy, "dtype", None), getattr(numpy, "ufunc", None)) if isinstance(t, type)
+        )
+
+    def _kind_of_type(self, tp: type) -> _Kind:
+        kind = self._kinds.get(tp)
+        if kind is None:
+            kind = self._classify(tp)
+            self._kinds[tp] = kind
+        return kind
+
+    def _classify(self, tp: type) -> _Kind:
+        if issubclass(tp, _NOT_INDEXED_TYPES) or issubclass(tp, self._numpy_skip):
+            return _Kind.SKIP
+        if issubclass(tp, type):
+            return _Kind.CLASS
+        if self._ndarray is not None and issubclass(tp, self._ndarray):
+            return _Kind.ARRAY
+        if issubclass(tp, (str, bytes)):
+            return _Kind.TEXT
+        if issubclass(tp, (bytearray, memoryview)):
+            return _Kind.MEMORYVIEW if tp is memoryview else _Kind.LEAF
+        if str(getattr(tp, "__module__", "")).partition(".")[0] in LEAF_PACKAGES:
+            return _Kind.LEAF
+        if issubclass(tp, dict):
+            return _Kind.MAPPING
+        if issubclass(tp, (list, tuple, set, frozenset, collections.deque)):
+            return _Kind.SEQUENCE
+        if issubclass(tp, types.FunctionType):
+            return _Kind.FUNCTION
+        if issubclass(tp, types.MethodType):
+            return _Kind.METHOD
+        if issubclass(tp, functools.partial):
+            return _Kind.PARTIAL
+        if issubclass(tp, types.BuiltinFunctionType):
+            return _Kind.BUILTIN
+        return _Kind.OBJECT
+
+    def walk(self, root: object, visit: Callable[[int], bool]) -> None:
+        """Report every indexed object reachable from `root`.
+
+        `visit(id)` returns whether to walk into the object: False for one
+        already seen (in this walk or, for grouping, from another name).
+        """
+        stack: list[tuple[object, int]] = [(root, 0)]
+        count = 0
+        while stack:
+            obj, depth = stack.pop()
+            tp = type(obj)
+            kind = self._kind_of_type(tp)
+            if kind is _Kind.SKIP:
+                continue
+            if kind is _Kind.BUILTIN:
+                if _builtin_self(obj) is None:  # `len`, `np.sqrt`'s C functions...
+                    continue
+            elif kind is _Kind.TEXT:
+                if len(obj) < MIN_INDEXED_TEXT:  # type: ignore[arg-type]
+                    continue
+            elif kind in (_Kind.FUNCTION, _Kind.CLASS) and not _is_notebook(obj):
+                continue
+            elif kind is _Kind.SEQUENCE and type(obj) in (tuple, frozenset) and not obj:
+                continue  # () and frozenset() are shared singletons
+            count += 1
+            if count > self.max_objects:
+                self.truncated = True
+                return
+            if not visit(id(obj)):
+                continue
+            if kind is _Kind.ARRAY:
+                # A view shares memory with its base: index the chain's root too.
+                base = getattr(obj, "base", None)
+                while self._ndarray is not None and isinstance(base, self._ndarray):
+                    parent = getattr(base, "base", None)
+                    if parent is None:
+                        break
+                    base = parent
+                if base is not None:
+                    visit(id(base))
+                continue
+            if depth >= self.max_depth:
+                self.truncated = True
+                continue
+            children = _children(obj, kind)
+            stack.extend((child, depth + 1) for child in children)
+
+
+def _builtin_self(obj: object) -> object:
+    """The object a bound builtin method (`lst.append`) belongs to, else None."""
+    if isinstance(obj, types.BuiltinMethodType):
+        owner = obj.__self__
+        if owner is not None and not isinstance(owner, (types.ModuleType, type)):
+            return owner
+    return None
+
+
+def _children(obj: object, kind: _Kind) -> list[object]:
+    try:
+        if kind is _Kind.SEQUENCE:
+            return list(obj)  # type: ignore[call-overload]
+        if kind is _Kind.MAPPING:
+            items = list(obj.items())  # type: ignore[attr-defined]
+            return [x for pair in items for x in pair] + _attributes(obj)
+        if kind is _Kind.FUNCTION:
+            assert isinstance(obj, types.FunctionType)
+            found: list[object] = [*(obj.__defaults__ or ()), *(obj.__kwdefaults__ or {}).values()]
+            for cell in obj.__closure__ or ():
+                try:
+                    found.append(cell.cell_contents)
+                except ValueError:  # an empty cell
+                    pass
+            return found + list(obj.__dict__.values())
+        if kind is _Kind.CLASS:
+            assert isinstance(obj, type)
+            return [v for k, v in vars(obj).items() if not (k.startswith("__") and k.endswith("__"))]
+        if kind is _Kind.METHOD:
+            assert isinstance(obj, types.MethodType)
+            return [obj.__self__, obj.__func__]
+        if kind is _Kind.PARTIAL:
+            assert isinstance(obj, functools.partial)
+            return [obj.func, *obj.args, *obj.keywords.values()]
+        if kind is _Kind.BUILTIN:
+            return [_builtin_self(obj)]
+        if kind is _Kind.MEMORYVIEW:
+            assert isinstance(obj, memoryview)
+            return [obj.obj]
+        if kind is _Kind.OBJECT:
+            return _attributes(obj)
+    except RuntimeError:  # a container changed size while we copied it (another thread)
+        return []
+    return []
+
+
+def _attributes(obj: object) -> list[object]:
+    """Values of an instance's __dict__ and __slots__, read without running user __getattr__."""
+    found: list[object] = []
+    try:
+        instance_dict = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        instance_dict = None
+    if isinstance(instance_dict, dict):
+        found.extend(instance_dict.values())
+    for klass in type(obj).__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            if slot in ("__dict__", "__weakref__"):
+                continue
+            if slot.startswith("__") and not slot.endswith("__"):
+                slot = f"_{klass.__name__.lstrip('_')}{slot}"  # name mangling
+            try:
+                found.append(object.__getattribute__(obj, slot))
+            except AttributeError:  # slot never assigned
+                pass
+    return found
+
+
+def reachable_ids(obj: object, *, max_objects: int = 100_000, max_depth: int = 64) -> set[int]:
+    """id() of every indexed object reachable from `obj`, within the bounds.
+
+    Containers, instance attributes, closures and bound methods are followed;
+    arrays and pandas objects are leaves (an array view also yields its base's
+    id). Library modules, classes and functions, singletons and small immutable
+    values are left out so they never glue variables together.
+    """
+    found: set[int] = set()
+
+    def visit(key: int) -> bool:
+        if key in found:
+            return False
+        found.add(key)
+        return True
+
+    _Walker(max_objects, max_depth).walk(obj, visit)
+    return found
+
+
+def index_aliases(
+    namespace: Mapping[str, object],
+    names: Iterable[str],
+    *,
+    max_objects: int = 100_000,
+    max_depth: int = 64,
+) -> AliasIndex:
+    """Group `names` whose values share any indexed object, and index ids to groups.
+
+    Each object is walked once: a name that reaches an object already reached
+    from another name joins that name's group instead of walking it again.
+    Names absent from the namespace form groups of their own.
+    """
+    walker = _Walker(max_objects, max_depth)
+    owner: dict[int, str] = {}
+    parent: dict[str, str] = {}
+
+    def find(name: str) -> str:
+        root = name
+        while parent[root] != root:
+            root = parent[root]
+        while parent[name] != root:
+            parent[name], name = root, parent[name]
+        return root
+
+    for name in names:
+        parent.setdefault(name, name)
+        if name not in namespace:
+            continue
+
+        def visit(key: int, name: str = name) -> bool:
+            first = owner.get(key)
+            if first is None:
+                owner[key] = name
+                return True
+            a, b = find(first), find(name)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+            return False
+
+        walker.walk(namespace[name], visit)
+
+    members: dict[str, set[str]] = {}
+    for name in parent:
+        members.setdefault(find(name), set()).add(name)
+    frozen = {root: frozenset(group) for root, group in members.items()}
+    groups = tuple(sorted(frozen.values(), key=min))
+    names_by_id = {key: frozen[find(first)] for key, first in owner.items()}
+    return AliasIndex(groups, names_by_id, walker.truncated)
+
+
+def covariable_groups(
+    namespace: Mapping[str, object],
+    names: Iterable[str],
+    *,
+    max_objects: int = 100_000,
+    max_depth: int = 64,
+) -> list[frozenset[str]]:
+    """Partition `names` into co-variable groups: names whose values share an object.
+
+    `b = a` gives {a, b}; `d = {"x": lst}` with `lst` gives {d, lst}; `np` and
+    an array made with it stay apart. Groups are sorted by their smallest name.
+    """
+    index = index_aliases(namespace, names, max_objects=max_objects, max_depth=max_depth)
+    return list(index.groups)

@@ -1,0 +1,90 @@
+"""Static effects of one notebook cell: what it reads, binds, deletes and may mutate.
+
+The session uses these sets to build a cell's key (its reads) and to decide what
+a checkpoint must capture (its writes, deletes and possibly mutated names).
+Precision matters in one direction only: a read we miss lets a stale recording
+be replayed, which silently breaks fidelity, while an extra read only costs a
+re-run. So wherever the analysis is unsure it reports more, and a construct it
+cannot follow at all (exec, globals(), star imports, ...) sets `dynamic`,
+meaning "reads and writes everything".
+
+The input is Python after IPython's transformation, so magics appear as
+`get_ipython().run_line_magic(...)` calls.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from nbrewind.analysis.callsites import CallSite
+from nbrewind.analysis.cellwalk import CellWalker
+
+__all__ = ["CallSite", "CellEffects", "analyze_cell"]
+
+
+@dataclass(frozen=True)
+class CellEffects:
+    """What running a cell may do to the notebook namespace.
+
+    `reads` are names the cell looks up before binding them itself (builtins
+    included: the session drops what the namespace does not hold). `writes`
+    are names it binds; `deletes` names it unbinds (`del x`, and `except ... as e`,
+    which Python unbinds when the handler ends). `mutated` are names whose object
+    may change in place. `deferred_reads` / `deferred_writes` are globals that
+    functions, lambdas and classes defined in the cell read / assign when called;
+    `deferred_dynamic` says one of them uses exec, globals() and the like.
+    """
+
+    reads: frozenset[str] = frozenset()
+    writes: frozenset[str] = frozenset()
+    deletes: frozenset[str] = frozenset()
+    mutated: frozenset[str] = frozenset()
+    calls: tuple[CallSite, ...] = ()
+    imports: frozenset[str] = frozenset()
+    deferred_reads: frozenset[str] = frozenset()
+    deferred_writes: frozenset[str] = frozenset()
+    dynamic: bool = False
+    deferred_dynamic: bool = False
+    syntax_error: bool = False
+
+
+def analyze_cell(
+    source: str,
+    *,
+    allowed_magics: Collection[str] = frozenset(),
+    code_magics: Collection[str] = frozenset(),
+) -> CellEffects:
+    """Compute the namespace effects of a cell's (already IPython-transformed) source.
+
+    `allowed_magics` are magic names whose `run_line_magic` / `run_cell_magic`
+    calls do not touch the namespace; any other use of `get_ipython()` makes
+    the cell dynamic. `code_magics` are magics that run their code argument in
+    the namespace (`time`, `timeit`, `capture` ...): that code is analysed as if
+    written in the cell, and if it does not parse the cell is dynamic.
+    A cell that does not parse gets `syntax_error=True` and empty effects; it
+    will raise when run and change nothing.
+    """
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return CellEffects(syntax_error=True)
+    walker = CellWalker(allowed_magics, code_magics)
+    try:
+        walker.block(tree.body)
+    except RecursionError:
+        # Pathologically nested code: claim everything rather than fail.
+        return CellEffects(dynamic=True)
+    return CellEffects(
+        reads=frozenset(walker.reads),
+        writes=frozenset(walker.writes),
+        deletes=frozenset(walker.deletes),
+        mutated=frozenset(walker.mutated),
+        calls=tuple(walker.calls),
+        imports=frozenset(walker.imports),
+        deferred_reads=frozenset(walker.deferred_reads),
+        deferred_writes=frozenset(walker.deferred_writes),
+        dynamic=walker.dynamic,
+        deferred_dynamic=walker.deferred_dynamic,
+    )

@@ -1,0 +1,218 @@
+"""reachable_ids, covariable_groups and the id() -> names index."""
+
+from __future__ import annotations
+
+import collections
+import functools
+import json
+import textwrap
+import time
+
+import numpy as np
+import pandas as pd
+
+from nbrewind.analysis import covariable_groups, index_aliases, reachable_ids
+
+
+def notebook(code: str) -> dict[str, object]:
+    ns: dict[str, object] = {"__name__": "__main__"}
+    exec(textwrap.dedent(code), ns)
+    del ns["__builtins__"]
+    del ns["__name__"]
+    return ns
+
+
+def groups_of(ns: dict[str, object]) -> set[frozenset[str]]:
+    return set(covariable_groups(ns, ns))
+
+
+def test_plain_alias() -> None:
+    ns = notebook("a = [1, 2]\nb = a\nc = [1, 2]")
+    assert groups_of(ns) == {frozenset({"a", "b"}), frozenset({"c"})}
+
+
+def test_container_holding_another_variable() -> None:
+    ns = notebook("lst = [1]\nd = {'x': lst}\nother = {'x': [1]}")
+    assert groups_of(ns) == {frozenset({"d", "lst"}), frozenset({"other"})}
+
+
+def test_dict_keys_tuples_sets_and_deques_are_walked() -> None:
+    ns: dict[str, object] = {}
+    key = ("k", object())
+    ns.update(key=key, d={key: 1}, s={key}, q=collections.deque([[key]]), alone=[3])
+    assert groups_of(ns) == {frozenset({"key", "d", "s", "q"}), frozenset({"alone"})}
+
+
+def test_module_and_array_made_with_it_stay_apart() -> None:
+    ns = notebook("import numpy as np\nimport pandas as pd\na = np.zeros(3)\ndf = pd.DataFrame({'x': a})")
+    assert groups_of(ns) == {frozenset({"np"}), frozenset({"pd"}), frozenset({"a"}), frozenset({"df"})}
+
+
+def test_array_view_groups_with_its_base() -> None:
+    ns: dict[str, object] = {}
+    a = np.arange(100)
+    ns.update(a=a, v=a[:10], w=a[:10][2:], t=a.T, other=np.arange(100))
+    assert groups_of(ns) == {frozenset({"a", "v", "w", "t"}), frozenset({"other"})}
+
+
+def test_array_inside_a_container_groups_with_the_array() -> None:
+    a = np.ones(4)
+    ns: dict[str, object] = {"a": a, "cfg": {"weights": a[1:]}}
+    assert groups_of(ns) == {frozenset({"a", "cfg"})}
+
+
+def test_shared_small_values_and_singletons_do_not_glue() -> None:
+    ns = notebook("a = [1, 'x', None, True, 2.5, ()]\nb = [1, 'x', None, True, 2.5, ()]\nn = 1\ns = 'x'")
+    assert len(groups_of(ns)) == 4
+
+
+def test_dtypes_library_functions_and_classes_do_not_glue() -> None:
+    x, y = np.zeros(2), np.zeros(3)
+    ns: dict[str, object] = {
+        "dx": x.dtype,
+        "holder": [y.dtype, json.dumps, int, np.sqrt, len, np.float64],
+        "f": json.dumps,
+        "t": int,
+        "sq": np.sqrt,
+    }
+    assert len(groups_of(ns)) == 5
+
+
+def test_large_strings_and_bytes_group_small_ones_do_not() -> None:
+    big, blob = "x" * 5000, b"y" * 5000
+    ns: dict[str, object] = {"s": big, "t": [big], "b": blob, "c": {"k": blob}}
+    assert groups_of(ns) == {frozenset({"s", "t"}), frozenset({"b", "c"})}
+
+
+def test_mutable_buffers_and_memoryviews() -> None:
+    buf = bytearray(b"abc")
+    ns: dict[str, object] = {"buf": buf, "view": memoryview(buf), "held": [buf]}
+    assert groups_of(ns) == {frozenset({"buf", "view", "held"})}
+
+
+def test_object_attributes_and_slots() -> None:
+    ns = notebook(
+        """
+        class Holder:
+            def __init__(self, data):
+                self.data = data
+        class Slotted:
+            __slots__ = ("item", "__secret", "unset")
+            def __init__(self, item, secret):
+                self.item = item
+                self.__secret = secret
+        lst = [1]
+        hidden = [2]
+        h = Holder(lst)
+        s = Slotted(h, hidden)
+        loner = Holder([3])
+        """
+    )
+    groups = groups_of(ns)
+    assert frozenset({"lst", "h", "s", "hidden"}) in groups
+    assert frozenset({"loner"}) in groups
+
+
+def test_functions_closures_methods_and_partials() -> None:
+    ns = notebook(
+        """
+        import functools
+        lst = []
+        def make():
+            def inner():
+                return lst2
+            lst2 = [1]
+            return inner, lst2
+        inner, lst2 = make()
+        app = lst.append
+        class C:
+            registry = []
+            def meth(self):
+                return 1
+        obj = C()
+        m = obj.meth
+        reg = C.registry
+        p = functools.partial(print, lst2)
+        """
+    )
+    groups = groups_of(ns)
+    assert frozenset({"lst", "app"}) in groups
+    assert frozenset({"inner", "lst2", "p"}) in groups
+    assert frozenset({"C", "reg", "obj", "m"}) in groups  # m reaches obj and C.meth, which C holds
+    assert frozenset({"functools"}) in groups
+
+
+def test_names_missing_from_the_namespace_are_singletons() -> None:
+    assert covariable_groups({"a": [1]}, ["a", "ghost"]) == [frozenset({"a"}), frozenset({"ghost"})]
+
+
+def test_reverse_index_and_group_lookup() -> None:
+    lst = [1]
+    ns: dict[str, object] = {"lst": lst, "d": {"x": lst}, "e": [2]}
+    index = index_aliases(ns, ns)
+    assert index.names_sharing(lst) == {"lst", "d"}
+    assert index.names_sharing(object()) == frozenset()
+    assert index.group_of("e") == {"e"}
+    assert index.group_of("absent") == {"absent"}
+    assert not index.truncated
+
+
+def test_cycles_terminate() -> None:
+    a: list[object] = []
+    a.append(a)
+    d: dict[str, object] = {}
+    d["self"] = d
+    assert reachable_ids(a) == {id(a)}
+    assert groups_of({"a": a, "d": d}) == {frozenset({"a"}), frozenset({"d"})}
+
+
+def test_bounds_stop_the_walk() -> None:
+    deep: list[object] = []
+    cursor = deep
+    for _ in range(200):
+        nxt: list[object] = []
+        cursor.append(nxt)
+        cursor = nxt
+    assert len(reachable_ids(deep, max_depth=5)) == 6
+    wide = [[i] for i in range(1000)]
+    assert len(reachable_ids(wide, max_objects=10)) == 10
+    index = index_aliases({"deep": deep}, ["deep"], max_depth=5)
+    assert index.truncated
+
+
+def test_reachable_ids_leaves() -> None:
+    a = np.zeros(10)
+    df = pd.DataFrame({"x": a})
+    assert reachable_ids(a) == {id(a)}
+    assert reachable_ids(df) == {id(df)}
+    assert reachable_ids(np) == set()
+    assert reachable_ids(functools.partial) == set()
+
+
+def test_grouping_with_large_array_and_dataframe_is_fast() -> None:
+    ns: dict[str, object] = {f"v{i}": {"i": i, "items": [i, str(i)]} for i in range(98)}
+    ns["big"] = np.zeros(25_000_000)  # 200 MB
+    ns["frame"] = pd.DataFrame({"a": np.arange(1_000_000), "b": np.arange(1_000_000) * 0.5})
+    best = min(_timed(lambda: covariable_groups(ns, ns)) for _ in range(5))
+    assert len(covariable_groups(ns, ns)) == 100
+    assert best < 0.005, f"grouping took {best * 1e3:.2f} ms"
+
+
+def _timed(fn: object) -> float:
+    start = time.perf_counter()
+    fn()  # type: ignore[operator]
+    return time.perf_counter() - start
+
+
+def test_enum_members_patterns_and_other_immutable_values_do_not_glue() -> None:
+    ns = notebook(
+        """
+        import re, enum, datetime, pathlib
+        class Color(enum.Enum):
+            RED = 1
+        a = [re.I, Color.RED, re.compile("x"), datetime.date(2024, 1, 1), pathlib.Path("p"), range(3)]
+        b = {"flags": re.I, "c": Color.RED, "pat": re.compile("x"), "r": a[5], "p": a[4]}
+        """
+    )
+    groups = groups_of(ns)
+    assert frozenset({"a"}) in groups and frozenset({"b"}) in groups
