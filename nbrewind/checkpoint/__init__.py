@@ -1,0 +1,1 @@
+"""Value serialization, snapshots, restore plans and hidden state of cell runs."""

@@ -1,0 +1,297 @@
+"""Hidden state a cell run depends on or changes besides its variables.
+
+A faithful repeat must also carry the global RNG states, the files a cell
+reads and writes, the environment variables it sets and the working
+directory.  Each piece here is small: a digest or snapshot function, and a
+:class:`FileTracker` that records file opens through an audit hook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import stat
+import sys
+import sysconfig
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import xxhash
+
+__all__ = [
+    "FileTracker",
+    "capture_rng",
+    "cwd",
+    "default_exclusions",
+    "env_diff",
+    "env_snapshot",
+    "file_digest",
+    "restore_rng",
+    "rng_states",
+]
+
+RANDOM = "random"
+NUMPY_RANDOM = "numpy.random"
+
+
+# RNG states
+
+
+def rng_states() -> dict[str, str]:
+    """Digest of each global RNG state: ``random`` and, if loaded, ``numpy.random``.
+
+    numpy is never imported here: if ``numpy.random`` is not loaded, no cell
+    has drawn from its global generator.  Digests are stable across processes,
+    so a cell key can record them.
+    """
+    states: dict[str, str] = {RANDOM: _digest_random_state(random.getstate())}
+    np_random = sys.modules.get(NUMPY_RANDOM)
+    if np_random is not None:
+        states[NUMPY_RANDOM] = _digest_numpy_state(np_random.get_state(legacy=True))
+    return states
+
+
+def _digest_random_state(state: tuple[Any, ...]) -> str:
+    version, internal, gauss_next = state
+    hasher = xxhash.xxh3_128(b"nbrewind.rng.random.v1")
+    hasher.update(f"{version}|{gauss_next!r}|".encode())
+    hasher.update(b"".join(word.to_bytes(4, "little") for word in internal))
+    return hasher.hexdigest()
+
+
+def _digest_numpy_state(state: tuple[Any, ...]) -> str:
+    name, key, pos, has_gauss, cached_gaussian = state
+    hasher = xxhash.xxh3_128(b"nbrewind.rng.numpy.v1")
+    hasher.update(f"{name}|{int(pos)}|{int(has_gauss)}|{float(cached_gaussian)!r}|".encode())
+    hasher.update(key.astype("<u4").tobytes())
+    return hasher.hexdigest()
+
+
+def capture_rng() -> dict[str, object]:
+    """The global RNG states themselves (picklable), for :func:`restore_rng`."""
+    saved: dict[str, object] = {RANDOM: random.getstate()}
+    np_random = sys.modules.get(NUMPY_RANDOM)
+    if np_random is not None:
+        saved[NUMPY_RANDOM] = np_random.get_state(legacy=True)
+    return saved
+
+
+def restore_rng(saved: dict[str, object]) -> None:
+    """Put back the states from :func:`capture_rng`, importing numpy.random if needed."""
+    if RANDOM in saved:
+        random.setstate(saved[RANDOM])  # type: ignore[arg-type]
+    if NUMPY_RANDOM in saved:
+        import numpy.random  # only reached when a saved numpy state exists
+
+        numpy.random.set_state(saved[NUMPY_RANDOM])  # type: ignore[arg-type]
+
+
+# File tracking
+#
+# sys.addaudithook cannot be undone, so one process-wide hook is installed the
+# first time any FileTracker starts tracking, and it returns after two cheap
+# checks unless a tracker is active.  The active set is an immutable tuple
+# swapped under a lock, so the hook reads it without locking.
+
+_active: tuple[FileTracker, ...] = ()
+_active_lock = threading.Lock()
+_hook_installed = False
+_quiet = threading.local()  # set while NBRewind itself reads files, so they are not recorded
+
+
+def _audit_hook(event: str, args: tuple[Any, ...]) -> None:
+    if not _active or event != "open" or getattr(_quiet, "on", False):
+        return
+    try:
+        path, mode, flags = args
+        if isinstance(path, int):  # open(fd): no path to track
+            return
+        absolute = os.path.abspath(os.fsdecode(path))
+        reads, writes = _access(mode, flags)
+        thread = threading.get_ident()
+        for tracker in _active:
+            tracker._record(absolute, reads, writes, thread)
+    except Exception:  # noqa: BLE001 - an exception here would fail the user's open()
+        return
+
+
+def _ensure_hook() -> None:
+    global _hook_installed
+    with _active_lock:
+        if not _hook_installed:
+            sys.addaudithook(_audit_hook)
+            _hook_installed = True
+
+
+def _access(mode: object, flags: object) -> tuple[bool, bool]:
+    """(reads, writes) for an ``open`` audit event.
+
+    builtins.open passes a str mode; os.open passes mode None and int flags.
+    Appending counts as a read too: the file's final content depends on what
+    was there before.  Truncating read-write opens only write.
+    """
+    if isinstance(mode, str) and mode:
+        if "r" in mode:
+            return True, "+" in mode
+        if "a" in mode:
+            return True, True
+        return False, True  # "w" and "x" create or truncate
+    if not isinstance(flags, int):
+        return True, False
+    access = flags & os.O_ACCMODE
+    if access == os.O_RDONLY:
+        return True, False
+    if flags & os.O_APPEND:
+        return True, True
+    if access == os.O_WRONLY or flags & os.O_TRUNC:
+        return False, True
+    return True, True
+
+
+def default_exclusions() -> list[str]:
+    """Roots whose opens are never a cell's data: the interpreter and system trees."""
+    roots = {"/proc", "/dev", "/sys"}
+    for scheme_vars in ({}, {"base": sys.base_prefix, "platbase": sys.base_prefix}):
+        paths = sysconfig.get_paths(vars=scheme_vars)
+        for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+            if paths.get(key):
+                roots.add(paths[key])
+    return sorted(roots)
+
+
+class FileTracker:
+    """Records which files are opened for reading and writing during a cell run.
+
+    ``exclude`` adds roots (the store directory, say) to
+    :func:`default_exclusions`.  With ``all_threads`` (the default) opens from
+    every thread count while tracking, because Dask's threaded tasks read files
+    on behalf of the cell; otherwise only the thread that entered
+    :meth:`tracking`.
+    """
+
+    def __init__(self, exclude: Iterable[str | os.PathLike[str]] = (), *, all_threads: bool = True) -> None:
+        roots = [*default_exclusions(), *(os.fspath(root) for root in exclude)]
+        self._roots = tuple(sorted({_as_root(root) for root in roots}))
+        self.all_threads = all_threads
+        self.reads: set[str] = set()
+        self.writes: set[str] = set()
+        self._owner: int | None = None
+        self._lock = threading.Lock()
+
+    def excluded(self, path: str) -> bool:
+        """Whether an absolute ``path`` lies under one of the exclusion roots."""
+        return any(path == root or path.startswith(root + os.sep) for root in self._roots)
+
+    def clear(self) -> None:
+        """Forget what was recorded, to reuse the tracker for another cell run."""
+        with self._lock:
+            self.reads = set()
+            self.writes = set()
+
+    @contextlib.contextmanager
+    def tracking(self) -> Iterator[FileTracker]:
+        """Record opens while the block runs; yields the tracker itself."""
+        global _active
+        _ensure_hook()
+        self._owner = threading.get_ident()
+        with _active_lock:
+            _active = (*_active, self)
+        try:
+            yield self
+        finally:
+            with _active_lock:
+                _active = tuple(tracker for tracker in _active if tracker is not self)
+            self._owner = None
+
+    def _record(self, path: str, reads: bool, writes: bool, thread: int) -> None:
+        if not self.all_threads and thread != self._owner:
+            return
+        if self.excluded(path):
+            return
+        with self._lock:
+            if reads:
+                self.reads.add(path)
+            if writes:
+                self.writes.add(path)
+
+
+def _as_root(root: str) -> str:
+    # "" stands for the filesystem root, so "root + os.sep" is a prefix of everything under it
+    return os.path.abspath(root).rstrip(os.sep)
+
+
+# File digests
+
+_CACHE_SIZE = 4096
+_CHUNK = 1 << 20
+_digest_cache: OrderedDict[tuple[str, int, int, int, int], str] = OrderedDict()
+_digest_lock = threading.Lock()
+
+
+def file_digest(path: str | os.PathLike[str]) -> str | None:
+    """xxh3-128 hex of a file's bytes, or None if it is missing or not a regular file.
+
+    Memoized on (path, size, mtime_ns, inode, ctime_ns) so unchanged inputs are
+    not re-read for every cell key.  A rewrite of the same size within one
+    timestamp tick can still be missed; that is the usual make-style trade-off.
+    The digest is the one a raw store object of the file would have.
+    """
+    absolute = os.path.abspath(os.fspath(path))
+    try:
+        info = os.stat(absolute)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    key = (absolute, info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns)
+    with _digest_lock:
+        cached = _digest_cache.get(key)
+        if cached is not None:
+            _digest_cache.move_to_end(key)
+            return cached
+    try:
+        digest = _hash_file(absolute)
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    with _digest_lock:
+        _digest_cache[key] = digest
+        if len(_digest_cache) > _CACHE_SIZE:
+            _digest_cache.popitem(last=False)
+    return digest
+
+
+def _hash_file(path: str) -> str:
+    hasher = xxhash.xxh3_128()
+    chunk = bytearray(_CHUNK)
+    view = memoryview(chunk)
+    _quiet.on = True
+    try:
+        with open(path, "rb", buffering=0) as handle:
+            while count := handle.readinto(view):
+                hasher.update(view[:count])
+    finally:
+        _quiet.on = False
+    return hasher.hexdigest()
+
+
+# Environment and working directory
+
+
+def env_snapshot() -> dict[str, str]:
+    """A copy of the process environment."""
+    return dict(os.environ)
+
+
+def env_diff(before: dict[str, str], after: dict[str, str]) -> dict[str, str | None]:
+    """Variables set or changed (new value) and removed (None) between two snapshots."""
+    diff: dict[str, str | None] = {name: value for name, value in after.items() if before.get(name) != value}
+    diff.update({name: None for name in before if name not in after})
+    return diff
+
+
+def cwd() -> str:
+    """The current working directory, which a cell can change with os.chdir."""
+    return os.getcwd()

@@ -1,0 +1,237 @@
+"""Hidden state: RNG states, tracked file opens, file digests, environment, cwd."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xxhash
+
+from nbrewind.checkpoint import hidden
+from nbrewind.checkpoint.hidden import (
+    FileTracker,
+    capture_rng,
+    cwd,
+    env_diff,
+    env_snapshot,
+    file_digest,
+    restore_rng,
+    rng_states,
+)
+
+# -- RNG -------------------------------------------------------------------------------
+
+
+def test_random_digest_changes_when_drawn_and_returns_on_restore() -> None:
+    saved = capture_rng()
+    before = rng_states()
+    random.random()
+    assert rng_states()["random"] != before["random"]
+    restore_rng(saved)
+    assert rng_states() == before
+    first = random.random()
+    restore_rng(saved)
+    assert random.random() == first
+
+
+def test_numpy_global_state_is_digested_and_restored() -> None:
+    outer = capture_rng()
+    try:
+        np.random.seed(7)
+        saved = capture_rng()
+        before = rng_states()
+        drawn = np.random.random(3)
+        after = rng_states()
+        assert after["numpy.random"] != before["numpy.random"]
+        assert after["random"] == before["random"]
+        restore_rng(saved)
+        assert rng_states() == before
+        np.testing.assert_array_equal(np.random.random(3), drawn)
+    finally:
+        restore_rng(outer)
+
+
+def test_numpy_is_left_alone_when_numpy_random_is_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "numpy.random")
+    assert set(rng_states()) == {"random"}
+    assert set(capture_rng()) == {"random"}
+
+
+def test_rng_digest_is_pinned() -> None:
+    state = random.Random(1234).getstate()
+    saved = random.getstate()
+    try:
+        random.setstate(state)
+        assert rng_states()["random"] == "c455bdcbb5f499f7f1d01a02b047a58c"
+    finally:
+        random.setstate(saved)
+
+
+# -- file tracking ---------------------------------------------------------------------
+
+
+def test_tracked_reads_and_writes_are_recorded(tmp_path: Path) -> None:
+    source, target = tmp_path / "in.csv", tmp_path / "out.csv"
+    source.write_text("a,b\n")
+    tracker = FileTracker()
+    with tracker.tracking():
+        data = source.read_text()
+        with open(target, "w") as handle:
+            handle.write(data)
+    assert tracker.reads == {str(source)}
+    assert tracker.writes == {str(target)}
+
+
+def test_modes_read_plus_and_append(tmp_path: Path) -> None:
+    paths = {name: tmp_path / name for name in ("r_plus", "w_plus", "append", "exclusive")}
+    paths["r_plus"].write_text("x")
+    paths["append"].write_text("x")
+    tracker = FileTracker()
+    with tracker.tracking():
+        open(paths["r_plus"], "r+").close()
+        open(paths["w_plus"], "w+").close()
+        open(paths["append"], "a").close()
+        open(paths["exclusive"], "xb").close()
+    assert tracker.reads == {str(paths["r_plus"]), str(paths["append"])}
+    assert tracker.writes == {str(path) for path in paths.values()}
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (os.O_RDONLY, (True, False)),
+        (os.O_WRONLY | os.O_CREAT, (False, True)),
+        (os.O_RDWR, (True, True)),
+        (os.O_RDWR | os.O_TRUNC, (False, True)),
+        (os.O_WRONLY | os.O_APPEND, (True, True)),
+    ],
+)
+def test_os_open_flags(tmp_path: Path, flags: int, expected: tuple[bool, bool]) -> None:
+    path = tmp_path / "raw.bin"
+    path.write_bytes(b"")
+    tracker = FileTracker()
+    with tracker.tracking():
+        os.close(os.open(path, flags))
+    assert (str(path) in tracker.reads, str(path) in tracker.writes) == expected
+
+
+def test_relative_paths_are_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    tracker = FileTracker()
+    with tracker.tracking():
+        Path("rel.txt").write_text("x")
+    assert tracker.writes == {str(tmp_path / "rel.txt")}
+
+
+def test_exclusions(tmp_path: Path) -> None:
+    store = tmp_path / "nb.nbrewind"
+    store.mkdir()
+    kept = tmp_path / "data.txt"
+    tracker = FileTracker(exclude=[store])
+    with tracker.tracking():
+        (store / "object").write_bytes(b"x")
+        kept.write_text("x")
+        open(os.__file__).close()  # the stdlib
+        open("/proc/self/status").close()
+    assert tracker.writes == {str(kept)}
+    assert tracker.reads == set()
+    assert tracker.excluded(str(store)) and not tracker.excluded(str(tmp_path / "nb.nbrewind2"))
+
+
+def test_nothing_is_recorded_outside_the_context(tmp_path: Path) -> None:
+    path = tmp_path / "f.txt"
+    tracker = FileTracker()
+    with tracker.tracking():
+        pass
+    path.write_text("before")
+    with tracker.tracking():
+        path.read_text()
+    path.write_text("after")
+    assert hidden._hook_installed and hidden._active == ()
+    assert tracker.reads == {str(path)} and tracker.writes == set()
+
+
+def test_other_threads_count_only_when_asked(tmp_path: Path) -> None:
+    path = tmp_path / "worker.txt"
+    path.write_text("x")
+
+    def read_in_thread() -> None:
+        worker = threading.Thread(target=path.read_text)
+        worker.start()
+        worker.join()
+
+    every, own = FileTracker(), FileTracker(all_threads=False)
+    with every.tracking(), own.tracking():
+        read_in_thread()
+    assert every.reads == {str(path)}
+    assert own.reads == set()
+
+
+def test_clear_and_digest_reads_are_not_recorded(tmp_path: Path) -> None:
+    path = tmp_path / "f.txt"
+    path.write_text("x")
+    tracker = FileTracker()
+    with tracker.tracking():
+        assert file_digest(path) is not None
+    assert tracker.reads == set()
+    with tracker.tracking():
+        path.read_text()
+    tracker.clear()
+    assert tracker.reads == set() and tracker.writes == set()
+
+
+# -- file digests ----------------------------------------------------------------------
+
+
+def test_file_digest_content_missing_and_memo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "data.bin"
+    assert file_digest(path) is None
+    assert file_digest(tmp_path) is None  # a directory is not file content
+    payload = os.urandom(3 * (1 << 20) + 17)  # spans several read chunks
+    path.write_bytes(payload)
+    assert file_digest(path) == xxhash.xxh3_128_hexdigest(payload)
+
+    calls: list[str] = []
+    real_hash = hidden._hash_file
+
+    def counting_hash(target: str) -> str:
+        calls.append(target)
+        return real_hash(target)
+
+    monkeypatch.setattr(hidden, "_hash_file", counting_hash)
+    assert file_digest(str(path)) == xxhash.xxh3_128_hexdigest(payload)
+    assert calls == []  # unchanged: served from the memo
+    path.write_bytes(payload + b"!")
+    assert file_digest(path) == xxhash.xxh3_128_hexdigest(payload + b"!")
+    assert calls == [str(path)]
+
+
+# -- environment and cwd ---------------------------------------------------------------
+
+
+def test_env_snapshot_and_diff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NBREWIND_TEST_CHANGED", "old")
+    monkeypatch.setenv("NBREWIND_TEST_REMOVED", "gone")
+    before = env_snapshot()
+    monkeypatch.setenv("NBREWIND_TEST_CHANGED", "new")
+    monkeypatch.setenv("NBREWIND_TEST_ADDED", "1")
+    monkeypatch.delenv("NBREWIND_TEST_REMOVED")
+    after = env_snapshot()
+    assert env_diff(before, after) == {
+        "NBREWIND_TEST_CHANGED": "new",
+        "NBREWIND_TEST_ADDED": "1",
+        "NBREWIND_TEST_REMOVED": None,
+    }
+    after["NBREWIND_TEST_ADDED"] = "changed only in the copy"
+    assert os.environ["NBREWIND_TEST_ADDED"] == "1"
+    assert env_diff(after, after) == {}
+
+
+def test_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert cwd() == str(tmp_path)
