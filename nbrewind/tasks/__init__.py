@@ -1,0 +1,2 @@
+"""Dask integration: task interception, fingerprints, the task cache and log,
+priority bumps for requested work, and checkpoints inside long-running tasks."""
