@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from typing import Any
+import functools
 import weakref
 
 Loader = Callable[[str, Any], dict[str, Any]]
@@ -25,7 +26,7 @@ Loader = Callable[[str, Any], dict[str, Any]]
 _MISSING = object()
 
 
-class LazyNamespace(dict):  # type: ignore[type-arg]
+class LazyNamespace(dict[str, Any]):
     """A dict that can hold names whose values are still in the store."""
 
     __slots__ = ("_pending", "_loader", "__weakref__")
@@ -35,7 +36,7 @@ class LazyNamespace(dict):  # type: ignore[type-arg]
         self._pending: dict[str, Any] = {}
         self._loader: Loader | None = None
         key = id(self)
-        _live[key] = weakref.ref(self, lambda _ref, key=key: _live.pop(key, None))
+        _live[key] = weakref.ref(self, functools.partial(_forget_instance, key))
 
     # -- the session's side -------------------------------------------------
 
@@ -92,7 +93,7 @@ class LazyNamespace(dict):  # type: ignore[type-arg]
     def _pending_absent(self) -> list[str]:
         return [k for k in self._pending if not dict.__contains__(self, k)]
 
-    def keys(self) -> Any:  # type: ignore[override]
+    def keys(self) -> Any:
         if not self._pending:
             return dict.keys(self)
         return list(dict.keys(self)) + self._pending_absent()
@@ -108,24 +109,24 @@ class LazyNamespace(dict):  # type: ignore[type-arg]
     def __contains__(self, key: object) -> bool:
         return dict.__contains__(self, key) or (key in self._pending if self._pending else False)
 
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, key: str, default: Any = None) -> Any:
         if dict.__contains__(self, key):
             return dict.__getitem__(self, key)
         if self._pending and key in self._pending:
             return self.materialize(key)
         return default
 
-    def items(self) -> Any:  # type: ignore[override]
+    def items(self) -> Any:
         if self._pending:
             self.materialize_all()
         return dict.items(self)
 
-    def values(self) -> Any:  # type: ignore[override]
+    def values(self) -> Any:
         if self._pending:
             self.materialize_all()
         return dict.values(self)
 
-    def copy(self) -> dict[str, Any]:  # type: ignore[override]
+    def copy(self) -> dict[str, Any]:
         if self._pending:
             self.materialize_all()
         return dict(dict.items(self))
@@ -157,6 +158,10 @@ class LazyNamespace(dict):  # type: ignore[type-arg]
 
     def __repr__(self) -> str:
         return f"<LazyNamespace with {dict.__len__(self)} names and {len(self._pending_absent())} pending>"
+
+
+def _forget_instance(key: int, _ref: object) -> None:
+    _live.pop(key, None)
 
 
 def _missing(self: LazyNamespace, key: str) -> Any:

@@ -33,25 +33,23 @@ class NbrewindKernel(IPythonKernel):
         self.nbrewind = Session.for_shell(self.shell, mode=self.mode, emit=self._emit)
         self._patches.callback(self.nbrewind.close)
         self._patches.enter_context(self.nbrewind.observe_sends(self.session))
+        assert self.shell is not None
         self.shell.register_magic_function(self.nbrewind.magic, magic_kind="line", magic_name="nbrewind")
-
-    @property
-    def banner(self) -> str:
-        return f"NBRewind {__version__} ({self.mode})\n" + super().banner
 
     def _emit(self, msg_type: str, content: dict[str, Any], metadata: dict[str, Any], buffers: list[bytes]) -> None:
         """Publish one recorded output message on IOPub as a child of the current request."""
+        assert self.session is not None
         self.session.send(
             self.iopub_socket,
             msg_type,
             content,
             parent=self.get_parent("shell"),
             metadata=metadata,
-            buffers=buffers or None,
+            buffers=list(buffers) or None,
             ident=self._topic(msg_type),
         )
 
-    async def do_execute(  # type: ignore[override]
+    async def do_execute(
         self,
         code: str,
         silent: bool,
@@ -68,7 +66,7 @@ class NbrewindKernel(IPythonKernel):
         if plan.replay:
             reply = self.nbrewind.replay(plan)
             if reply is not None:
-                if user_expressions and reply.get("status") == "ok":
+                if user_expressions and reply.get("status") == "ok" and self.shell is not None:
                     reply["user_expressions"] = self.shell.user_expressions(user_expressions)
                 return reply
         reply = await super().do_execute(

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nbrewind.analysis import CellEffects, analyze_cell, transitive_reads
+from nbrewind.analysis import DYNAMIC_NAMES, CellEffects, analyze_cell, transitive_reads
 from nbrewind.checkpoint import hidden
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.outputs import OutputCapture, decode_outputs, encode_outputs, for_replay
@@ -134,7 +134,7 @@ class Session:
     def store(self) -> Store:
         if self._store is None:
             self._store = Store.open(self.store_location(), create=True)
-            self._state = LiveState(self._store.objects)
+            self._state = LiveState(self._store.objects, self.namespace)
             self._files = hidden.FileTracker(exclude=[str(self._store.root), *hidden.default_exclusions()])
         return self._store
 
@@ -216,6 +216,8 @@ class Session:
             return self._user_names() | set(effects.reads) | set(effects.mutated)
         reads = set(effects.reads) | set(effects.mutated) | set(effects.deletes)
         reads |= set(transitive_reads(frozenset(reads), _FunctionView(self), _is_user_function))
+        if reads & DYNAMIC_NAMES:
+            return reads | self._user_names()
         return reads
 
     def _key(self, name: str) -> str:
@@ -517,7 +519,7 @@ class Session:
                 else:
                     eager.setdefault(entry.digest, []).append(name)
         for digest, names in eager.items():
-            values = load_group(state.objects, digest)
+            values = state.load(entries[names[0]])
             for name in names:
                 ns[name] = values[name]
                 state.remember(name, values[name])
@@ -571,14 +573,13 @@ class Session:
     def restore(self, target: str) -> str:
         """Make the namespace what it was after a recorded cell run (by execution count or cell id)."""
         runs = self.store.catalog.cell_runs()
-        chosen = None
         if target.isdigit():
             number = int(target)
             mine = [r for r in runs if r.session == self.session_id and r.execution_count == number]
-            others = [r for r in runs if r.execution_count == number]
-            chosen = (mine or others or [None])[-1]
+            matches = mine or [r for r in runs if r.execution_count == number]
         else:
-            chosen = ([r for r in runs if r.cell_id == target] or [None])[-1]
+            matches = [r for r in runs if r.cell_id == target]
+        chosen = matches[-1] if matches else None
         if chosen is None or chosen.checkpoint_id is None:
             return f"no recorded cell run for {target!r}; see `jupyter nbrewind log`"
         entries = {k: Entry.from_meta(d, m) for k, (d, m) in self.store.catalog.checkpoint_entries(chosen.checkpoint_id).items()}

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbrewind.analysis import reachable_ids
-from nbrewind.checkpoint.serialize import Unserializable, digest_value
+from nbrewind.checkpoint.serialize import Unserializable, digest_value, restoring_into
 from nbrewind.checkpoint.values import load_group, store_group, store_json
 from nbrewind.store.digest import digest_bytes
 from nbrewind.store.objects import ObjectStore
@@ -67,8 +67,9 @@ class CheckpointResult:
 class LiveState:
     """The current name -> Entry map plus what is needed to update it cheaply."""
 
-    def __init__(self, objects: ObjectStore) -> None:
+    def __init__(self, objects: ObjectStore, namespace: dict[str, Any]) -> None:
         self.objects = objects
+        self.namespace = namespace
         self.entries: dict[str, Entry] = {}
         # The object each name was bound to at the last checkpoint; compared by identity.
         self._last: dict[str, Any] = {}
@@ -91,7 +92,7 @@ class LiveState:
                 if not holders:
                     del self._holders[oid]
 
-    def rebound(self, names: Iterable[str], namespace: Mapping[str, Any]) -> set[str]:
+    def rebound(self, names: Iterable[str], namespace: dict[str, Any]) -> set[str]:
         """Names whose binding is new or differs (by identity) from the last checkpoint."""
         out = set()
         for name in names:
@@ -118,7 +119,7 @@ class LiveState:
                 if not holders:
                     del self._holders[oid]
 
-    def _groups(self, candidates: set[str], namespace: Mapping[str, Any], present: set[str]) -> list[tuple[str, ...]]:
+    def _groups(self, candidates: set[str], namespace: dict[str, Any], present: set[str]) -> list[tuple[str, ...]]:
         """Co-variable groups containing the candidates, from fresh reach sets."""
         for name in candidates:
             if name in present:
@@ -154,7 +155,7 @@ class LiveState:
 
     def checkpoint(
         self,
-        namespace: Mapping[str, Any],
+        namespace: dict[str, Any],
         user_names: set[str],
         candidates: set[str],
         *,
@@ -176,7 +177,7 @@ class LiveState:
         present = {n for n in user_names if dict.__contains__(namespace, n)}
         candidates = (candidates & present) | (present - set(self.entries) - set(self._last))
         for group in self._groups(candidates, namespace, present):
-            values = {n: dict.__getitem__(namespace, n) for n in group}
+            values: dict[str, Any] = {n: dict.__getitem__(namespace, n) for n in group}
             modules = {n for n, v in values.items() if isinstance(v, types.ModuleType)}
             for name in modules:
                 mod = values.pop(name)
@@ -261,7 +262,8 @@ class LiveState:
             return {entry.group[0]: importlib.import_module(entry.extra["module"])}
         if entry.kind != VALUE:
             raise LookupError(f"entry of kind {entry.kind} has no stored value")
-        return load_group(self.objects, entry.digest)
+        with restoring_into(self.namespace):
+            return load_group(self.objects, entry.digest)
 
 
 def _value_extra(value: Any) -> dict[str, Any]:
