@@ -34,7 +34,7 @@ def store_group(objects: ObjectStore, mapping: Mapping[str, object]) -> tuple[st
 
 def store_pickled(objects: ObjectStore, pickled: Pickled) -> tuple[str, int]:
     """Store an already pickled group; return (digest, bytes written)."""
-    before = getattr(objects, "bytes_written", 0)
+    before = objects.bytes_written
     children: list[str] = []
     counts: list[int] = []
     for index in range(len(pickled.buffers)):
@@ -44,7 +44,7 @@ def store_pickled(objects: ObjectStore, pickled: Pickled) -> tuple[str, int]:
     header = json.dumps({"segments": counts}).encode()
     payload = _MAGIC + struct.pack("<I", len(header)) + header + pickled.payload
     digest = objects.put_tree(children, payload)
-    return digest, getattr(objects, "bytes_written", 0) - before
+    return digest, objects.bytes_written - before
 
 
 def load_group(objects: ObjectStore, digest: str) -> dict[str, object]:

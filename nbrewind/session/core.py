@@ -360,9 +360,9 @@ class Session:
         for path in sorted(self._files.writes):
             rel = self._rel(path)
             if os.path.isfile(path):
-                before = getattr(objects, "bytes_written", 0)
+                before = objects.bytes_written
                 blob = objects.put_blob(Path(path).read_bytes())
-                written += getattr(objects, "bytes_written", 0) - before
+                written += objects.bytes_written - before
                 changed[f"@file:{rel}"] = Entry(blob, HIDDEN, hidden.file_digest(path) or ABSENT, (), {"what": "file", "path": rel})
             else:
                 changed[f"@file:{rel}"] = Entry(ABSENT, HIDDEN, ABSENT, (), {"what": "file", "path": rel, "deleted": True})

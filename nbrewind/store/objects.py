@@ -1,0 +1,452 @@
+"""The content-addressed object area of a store.
+
+An object is an immutable byte string named by its digest and kept at
+``objects/<first two hex digits>/<other thirty>``. Writes are atomic (see
+``fsio``); every read re-hashes the decoded bytes and raises CorruptObjectError
+instead of returning bytes that do not match their name.
+
+Trees are objects that list other objects (``put_tree``); ``gc`` keeps the
+children of a reachable tree alive. Large buffers go through ``put_blob``:
+fixed 2 MiB chunks, each its own object, under one chunk-list tree, so an edit
+to part of a large array stores only the chunks that changed and re-putting
+identical data costs only hashing and existence checks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import re
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import BinaryIO
+
+import zstandard
+
+from nbrewind.errors import (
+    CorruptObjectError,
+    NotATreeError,
+    ObjectNotFoundError,
+    ReadOnlyStoreError,
+)
+from nbrewind.store import frame
+from nbrewind.store.digest import DIGEST_LENGTH, digest_bytes, is_digest
+from nbrewind.store.fsio import TEMP_PREFIX, atomic_write, fsync_dir
+
+__all__ = ["BLOB_CHUNK_SIZE", "TREE_MAGIC", "Buffer", "ObjectStore"]
+
+Buffer = bytes | bytearray | memoryview
+
+BLOB_CHUNK_SIZE = 2 * 1024 * 1024
+TREE_MAGIC = b"NBRTREE1\n"
+
+_WRITE_THREADS = 2
+
+_REF_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
+_FANOUT_RE = re.compile(r"[0-9a-f]{2}")
+
+
+def _as_bytes_view(data: object) -> memoryview:
+    """A flat byte view of any buffer; non-contiguous buffers are copied in C order."""
+    view = memoryview(data)  # type: ignore[arg-type]  # any buffer-protocol object
+    if not view.c_contiguous:
+        view = memoryview(view.tobytes())
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def _encode_tree(children: Sequence[str], payload: bytes) -> bytes:
+    for child in children:
+        if not is_digest(child):
+            raise ValueError(f"tree child {child!r} is not a digest")
+    body = "".join(f"{child}\n" for child in children)
+    return b"".join((TREE_MAGIC, b"%d\n" % len(children), body.encode("ascii"), payload))
+
+
+def _decode_tree(content: bytes) -> tuple[list[str], bytes] | None:
+    if not content.startswith(TREE_MAGIC):
+        return None
+    start = len(TREE_MAGIC)
+    newline = content.find(b"\n", start)
+    count_text = content[start:newline]
+    if newline < 0 or not count_text.isdigit():
+        return None
+    count = int(count_text)
+    pos = newline + 1
+    end = pos + count * (DIGEST_LENGTH + 1)
+    if len(content) < end:
+        return None
+    listing = content[pos:end].decode("ascii", errors="replace").split("\n")[:-1]
+    if len(listing) != count or not all(is_digest(child) for child in listing):
+        return None
+    return listing, content[end:]
+
+
+def _blob_payload(size: int) -> bytes:
+    # Sorted, compact JSON: identical data must always give an identical tree digest.
+    return json.dumps(
+        {"blob": 1, "chunk_size": BLOB_CHUNK_SIZE, "size": size},
+        sort_keys=True,
+        separators=(",", ":"),
+    ).encode("ascii")
+
+
+class ObjectStore:
+    """Digest-named objects under ``root/objects`` and digest refs under ``root/refs``.
+
+    Safe to share between threads and between processes (including Dask workers on
+    other machines over a shared filesystem): there is no mutable state besides
+    the files, and every file appears atomically.
+    """
+
+    def __init__(self, root: Path, *, readonly: bool = False, compression_level: int = 1) -> None:
+        self.root = Path(root)
+        self.objects_dir = self.root / "objects"
+        self.refs_dir = self.root / "refs"
+        self.readonly = readonly
+        self.compression_level = compression_level
+        self.bytes_written = 0
+        """Bytes this object wrote to disk (headers included); deduplicated puts add nothing."""
+        self._count_lock = threading.Lock()
+
+    def _count(self, header: bytes, payload: bytes | memoryview) -> None:
+        with self._count_lock:
+            self.bytes_written += len(header) + memoryview(payload).nbytes
+
+    def __repr__(self) -> str:
+        return f"ObjectStore({str(self.root)!r}, readonly={self.readonly})"
+
+    # -- paths ---------------------------------------------------------------
+
+    def path_of(self, digest: str) -> Path:
+        """The file that holds (or would hold) the object ``digest``."""
+        if not is_digest(digest):
+            raise ValueError(f"{digest!r} is not a digest (32 lowercase hex characters)")
+        return self.objects_dir / digest[:2] / digest[2:]
+
+    def _corrupt(self, digest: str, problem: str, *, move: bool = True) -> CorruptObjectError:
+        """The error for a damaged object file, which is first moved aside to
+        ``corrupt/`` (in a writable store) so that storing the same bytes again,
+        e.g. by re-running the cell, repairs the store."""
+        where = ""
+        if move and not self.readonly:
+            aside = self.root / "corrupt" / digest
+            try:
+                aside.parent.mkdir(exist_ok=True)
+                os.replace(self.path_of(digest), aside)
+                where = f"; the damaged file was moved to {aside}"
+            except OSError:
+                pass  # best effort: the error below matters more
+        return CorruptObjectError(
+            f"object {digest} is corrupt ({problem}){where}. Re-run the cell that produced it to "
+            f"store it again; `jupyter nbrewind verify` checks every object in the store"
+        )
+
+    def _check_writable(self) -> None:
+        if self.readonly:
+            raise ReadOnlyStoreError(f"the store at {self.root} was opened read-only")
+
+    # -- writing -------------------------------------------------------------
+
+    def put(self, data: Buffer, *, digest: str | None = None) -> str:
+        """Store ``data`` under its digest and return the digest.
+
+        When the object is already present nothing is written (its mtime is
+        refreshed so a concurrent ``gc`` grace period sees it as fresh). A caller
+        that already hashed the bytes may pass ``digest`` to skip hashing; a wrong
+        one yields an object that fails its first read (CorruptObjectError), never
+        wrong data.
+        """
+        self._check_writable()
+        view = _as_bytes_view(data)
+        if digest is None:
+            digest = digest_bytes(view)
+        path = self.path_of(digest)
+        if self._touch_if_present(path):
+            return digest
+        codec, payload = frame.encode(view, self.compression_level)
+        header = frame.encode_header(codec, frame.KIND_LEAF)
+        atomic_write(path, (header, payload))
+        self._count(header, payload)
+        return digest
+
+    @staticmethod
+    def _touch_if_present(path: Path) -> bool:
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return path.exists()  # present but not ours to touch: still a hit
+        return True
+
+    def put_tree(self, children: Sequence[str], payload: bytes = b"") -> str:
+        """Store a tree: ``TREE_MAGIC``, the child count, one child digest per
+        line, then ``payload``. Children should be stored first."""
+        self._check_writable()
+        content = _encode_tree(children, payload)
+        digest = digest_bytes(content)
+        path = self.path_of(digest)
+        if self._touch_if_present(path):
+            try:
+                if self.is_tree(digest):
+                    return digest
+            except CorruptObjectError:
+                pass  # damaged header: the rewrite below repairs it
+            # Present as a plain object (same bytes put earlier with put) or
+            # damaged: rewrite it flagged as a tree so gc follows its children.
+        codec, encoded = frame.encode(memoryview(content), self.compression_level)
+        header = frame.encode_header(codec, frame.KIND_TREE)
+        atomic_write(path, (header, encoded))
+        self._count(header, encoded)
+        return digest
+
+    def put_blob(self, buf: object) -> str:
+        """Store a bytes-like value of any size as 2 MiB chunks plus a chunk-list
+        tree, and return the tree's digest. Only chunks not already present are
+        written, so storing an edited copy of a large array costs the changed chunks."""
+        self._check_writable()
+        view = _as_bytes_view(buf)
+        chunks: list[str] = []
+        new: dict[str, memoryview] = {}
+        for start in range(0, len(view), BLOB_CHUNK_SIZE):
+            piece = view[start : start + BLOB_CHUNK_SIZE]
+            digest = digest_bytes(piece)
+            chunks.append(digest)
+            if digest not in new and not self._touch_if_present(self.path_of(digest)):
+                new[digest] = piece
+        if len(new) > 1:
+            # Per-chunk fsyncs serialize on the disk's flush latency; two writers
+            # keep it busy (zstd and os.write release the GIL). Measured in
+            # benchmarks/bench_store.py.
+            pool = ThreadPoolExecutor(_WRITE_THREADS, thread_name_prefix="nbrewind-put")
+            try:
+                for future in [pool.submit(self._write_chunk, d, p) for d, p in new.items()]:
+                    future.result()
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
+        elif new:
+            self._write_chunk(*next(iter(new.items())))
+        # The chunks' renames must be durable before a tree naming them is.
+        for folder in {self.path_of(d).parent for d in new}:
+            fsync_dir(folder)
+        return self.put_tree(chunks, _blob_payload(len(view)))
+
+    def _write_chunk(self, digest: str, piece: memoryview) -> None:
+        codec, payload = frame.encode(piece, self.compression_level)
+        header = frame.encode_header(codec, frame.KIND_LEAF)
+        atomic_write(self.path_of(digest), (header, payload), sync_dir=False)
+        self._count(header, payload)
+
+    # -- reading -------------------------------------------------------------
+
+    def _open(self, digest: str, *, move_corrupt: bool = True) -> tuple[int, frame.FrameHeader, BinaryIO]:
+        path = self.path_of(digest)
+        try:
+            handle = open(path, "rb")
+        except FileNotFoundError:
+            raise ObjectNotFoundError(
+                f"object {digest} is not in the store at {self.root}; re-run the cell "
+                f"that produced it"
+            ) from None
+        header = frame.decode_header(handle.read(frame.HEADER_SIZE))
+        if header is None:
+            handle.close()
+            raise self._corrupt(
+                digest, "missing or unknown header, the file is truncated or foreign", move=move_corrupt
+            )
+        return os.fstat(handle.fileno()).st_size, header, handle
+
+    def _read(self, digest: str) -> tuple[bytes, frame.FrameHeader]:
+        size, header, handle = self._open(digest)
+        with handle:
+            payload = handle.read()
+        if header.codec == frame.CODEC_ZSTD:
+            try:
+                content = frame.decompress(payload)
+            except zstandard.ZstdError as exc:
+                raise self._corrupt(digest, f"compressed data cannot be decoded: {exc}") from None
+        else:
+            content = payload
+        if digest_bytes(content) != digest:
+            raise self._corrupt(digest, f"its {len(content)} bytes do not hash to its name")
+        return content, header
+
+    def get(self, digest: str) -> bytes:
+        """Return the object's bytes after checking they hash to ``digest``."""
+        return self._read(digest)[0]
+
+    def has(self, digest: str) -> bool:
+        """Whether an object file named ``digest`` exists (not verified)."""
+        return self.path_of(digest).is_file()
+
+    def verify(self, digest: str) -> None:
+        """Re-read and re-hash the object; raise CorruptObjectError if it is damaged."""
+        self._read(digest)
+
+    def is_tree(self, digest: str) -> bool:
+        """Whether the object was stored as a tree (reads only its header)."""
+        _, header, handle = self._open(digest, move_corrupt=False)
+        handle.close()
+        return header.kind == frame.KIND_TREE
+
+    def get_tree(self, digest: str) -> tuple[list[str], bytes]:
+        """Return a verified tree's ``(children, payload)``."""
+        content, _ = self._read(digest)
+        decoded = _decode_tree(content)
+        if decoded is None:
+            raise NotATreeError(f"object {digest} is not a tree")
+        return decoded
+
+    def _blob_layout(self, digest: str) -> tuple[list[str], int]:
+        children, payload = self.get_tree(digest)
+        try:
+            meta = json.loads(payload)
+            size, chunk_size = int(meta["size"]), int(meta["chunk_size"])
+        except (ValueError, KeyError, TypeError):
+            raise NotATreeError(f"object {digest} is a tree but not a blob") from None
+        if chunk_size != BLOB_CHUNK_SIZE or len(children) != -(-size // chunk_size):
+            raise NotATreeError(f"blob chunk list {digest} does not match its recorded size")
+        return children, size
+
+    def blob_size(self, digest: str) -> int:
+        """The byte length of the blob whose chunk-list tree is ``digest``."""
+        return self._blob_layout(digest)[1]
+
+    def get_blob(self, digest: str) -> bytearray:
+        """Reassemble a blob stored by ``put_blob``; every chunk is verified."""
+        children, size = self._blob_layout(digest)
+        out = bytearray(size)
+        view = memoryview(out)
+        for index, child in enumerate(children):
+            start = index * BLOB_CHUNK_SIZE
+            target = view[start : start + BLOB_CHUNK_SIZE]
+            self._read_into(child, target)
+        return out
+
+    def _read_into(self, digest: str, target: memoryview) -> None:
+        """Fill ``target`` with the object's bytes, verified; a raw object of the
+        expected size is read straight into ``target`` without an intermediate copy."""
+        stored, header, handle = self._open(digest)
+        with handle:
+            if header.codec == frame.CODEC_RAW and stored - frame.HEADER_SIZE == len(target):
+                got = handle.readinto(target)  # type: ignore[attr-defined]
+                if got == len(target) and digest_bytes(target) == digest:
+                    return
+        # Compressed, or the fast path failed: full read, which raises (and moves
+        # the file aside) if the object itself is damaged.
+        content, _ = self._read(digest)
+        if len(content) != len(target):
+            raise NotATreeError(
+                f"blob chunk {digest} holds {len(content)} bytes where its chunk list expects "
+                f"{len(target)}; the chunk list is inconsistent"
+            )
+        target[:] = content
+
+    # -- listing and sizes ---------------------------------------------------
+
+    def iter_digests(self) -> Iterator[str]:
+        """Every object in the store (temporary files are skipped)."""
+        try:
+            folders = sorted(os.scandir(self.objects_dir), key=lambda e: e.name)
+        except FileNotFoundError:
+            return
+        for folder in folders:
+            if not _FANOUT_RE.fullmatch(folder.name) or not folder.is_dir():
+                continue
+            for entry in os.scandir(folder.path):
+                digest = folder.name + entry.name
+                if not entry.name.startswith(".") and is_digest(digest):
+                    yield digest
+
+    def stored_size(self, digest: str) -> int:
+        """Bytes the object occupies on disk, header included."""
+        try:
+            return self.path_of(digest).stat().st_size
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"object {digest} is not in the store at {self.root}") from None
+
+    def logical_size(self, digest: str) -> int | None:
+        """The object's decoded size, from its header (None if it cannot be told)."""
+        stored, header, handle = self._open(digest, move_corrupt=False)
+        with handle:
+            head = handle.read(32)
+        return frame.content_size(header.codec, stored, head)
+
+    def delete(self, digest: str) -> bool:
+        """Remove an object; return whether it was there."""
+        self._check_writable()
+        try:
+            self.path_of(digest).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def iter_temp_files(self) -> Iterator[Path]:
+        """Leftover temporary files (from writers that were killed mid-write, or
+        writes in progress right now)."""
+        for base in (self.objects_dir, self.refs_dir):
+            for folder, _, files in os.walk(base):
+                for name in files:
+                    if name.startswith(TEMP_PREFIX):
+                        yield Path(folder) / name
+
+    # -- refs ----------------------------------------------------------------
+
+    def _ref_path(self, namespace: str, name: str) -> Path:
+        for label, value in (("namespace", namespace), ("name", name)):
+            if not _REF_NAME_RE.fullmatch(value):
+                raise ValueError(
+                    f"ref {label} {value!r} must be 1-200 characters of letters, digits, '_', '.', '-'"
+                )
+        return self.refs_dir / namespace / name[:2] / name
+
+    def ref_set(self, namespace: str, name: str, digest: str) -> None:
+        """Point ``namespace/name`` at ``digest``, atomically (the last writer wins)."""
+        self._check_writable()
+        if not is_digest(digest):
+            raise ValueError(f"{digest!r} is not a digest")
+        atomic_write(self._ref_path(namespace, name), (f"{digest}\n".encode("ascii"),), mode=0o644)
+
+    def ref_get(self, namespace: str, name: str) -> str | None:
+        """The digest ``namespace/name`` points at, or None."""
+        path = self._ref_path(namespace, name)
+        try:
+            text = path.read_text("ascii", errors="replace").strip()
+        except FileNotFoundError:
+            return None
+        if not is_digest(text):
+            raise CorruptObjectError(f"ref file {path} does not hold a digest; delete it")
+        return text
+
+    def ref_delete(self, namespace: str, name: str) -> bool:
+        """Remove a ref; return whether it existed."""
+        self._check_writable()
+        try:
+            self._ref_path(namespace, name).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def ref_namespaces(self) -> list[str]:
+        """The namespaces that hold refs."""
+        try:
+            return sorted(e.name for e in os.scandir(self.refs_dir) if e.is_dir() and _REF_NAME_RE.fullmatch(e.name))
+        except FileNotFoundError:
+            return []
+
+    def iter_refs(self, namespace: str) -> Iterator[tuple[str, str]]:
+        """``(name, digest)`` for every ref in ``namespace``; damaged ref files are skipped."""
+        base = self.refs_dir / namespace
+        self._ref_path(namespace, "x")  # validates the namespace
+        for folder, _, files in os.walk(base):
+            for name in sorted(files):
+                if name.startswith(".") or not _REF_NAME_RE.fullmatch(name):
+                    continue
+                try:
+                    text = (Path(folder) / name).read_text("ascii", errors="replace").strip()
+                except FileNotFoundError:
+                    continue  # deleted while we listed
+                if is_digest(text):
+                    yield name, text
