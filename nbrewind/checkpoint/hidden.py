@@ -295,3 +295,39 @@ def env_diff(before: dict[str, str], after: dict[str, str]) -> dict[str, str | N
 def cwd() -> str:
     """The current working directory, which a cell can change with os.chdir."""
     return os.getcwd()
+
+
+@contextlib.contextmanager
+def watching_seeds() -> Iterator[dict[str, bool]]:
+    """Note, per global RNG, whether a block reseeded it before drawing from it.
+
+    A cell that starts with `random.seed(k)` does not depend on the state it
+    found, so that state is not an input of the cell. While the block runs,
+    `random.seed` and (if numpy is loaded) `numpy.random.seed` are wrapped; the
+    originals are put back on exit. The yielded dict maps the RNG name to True
+    when its first seeding happened before any draw.
+    """
+    seeded: dict[str, bool] = {}
+    start = rng_states()
+    patched: list[tuple[Any, str, Any]] = []
+
+    def wrap(module: Any, which: str) -> None:
+        original = module.seed
+
+        def seed(*args: Any, **kwargs: Any) -> Any:
+            if which not in seeded:
+                seeded[which] = rng_states().get(which) == start.get(which)
+            return original(*args, **kwargs)
+
+        module.seed = seed
+        patched.append((module, "seed", original))
+
+    wrap(random, RANDOM)
+    np_random = sys.modules.get(NUMPY_RANDOM)
+    if np_random is not None:
+        wrap(np_random, NUMPY_RANDOM)
+    try:
+        yield seeded
+    finally:
+        for module, attr, original in reversed(patched):
+            setattr(module, attr, original)

@@ -12,6 +12,7 @@ a plain kernel.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import sys
@@ -27,7 +28,7 @@ from nbrewind.analysis import DYNAMIC_NAMES, CellEffects, analyze_cell, transiti
 from nbrewind.checkpoint import hidden
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.outputs import OutputCapture, decode_outputs, encode_outputs, for_replay
-from nbrewind.checkpoint.values import load_group, store_group
+from nbrewind.checkpoint.values import load_group, load_json, store_group
 from nbrewind.errors import NbrewindError
 from nbrewind.session import policy
 from nbrewind.session.state import HIDDEN, MODULE, UNSERIALIZABLE, VALUE, Entry, LiveState
@@ -60,6 +61,7 @@ class CellPlan:
     env_before: dict[str, str] = field(default_factory=dict)
     cwd_before: str = ""
     tracking: contextlib.ExitStack | None = None
+    seeded: dict[str, bool] = field(default_factory=dict)
 
 
 @dataclass
@@ -265,10 +267,6 @@ class Session:
                 continue
             mismatch = self._mismatch(run)
             if mismatch is None:
-                blocked = self._unreplayable(run)
-                if blocked:
-                    first_mismatch = first_mismatch or blocked
-                    continue
                 plan.replay = True
                 plan.match = run
                 plan.reason = f"code and {len(run.inputs or {})} inputs match cell run #{run.id}"
@@ -287,14 +285,6 @@ class Session:
                 return f"input {what} changed"
         return None
 
-    def _unreplayable(self, run: CellRun) -> str:
-        entries = self.store.catalog.checkpoint_entries(run.checkpoint_id) if run.checkpoint_id else {}
-        for name in run.writes or []:
-            item = entries.get(name)
-            if item is not None and item[1].get("kind") == UNSERIALIZABLE:
-                return f"it makes {name}, which cannot be stored ({item[1].get('type')})"
-        return ""
-
     def _start_run(self, plan: CellPlan) -> None:
         plan.started = time.perf_counter()
         plan.rng_before = hidden.rng_states()
@@ -306,6 +296,7 @@ class Session:
         assert self._files is not None
         self._files.clear()
         stack.enter_context(self._files.tracking())
+        plan.seeded = stack.enter_context(hidden.watching_seeds())
         plan.tracking = stack
 
     # -- after a cell ran -----------------------------------------------------------
@@ -334,9 +325,14 @@ class Session:
         effects = plan.effects
         candidates = state.rebound(user, ns) | set(effects.writes) | policy.possibly_mutated(effects, ns)
         candidates |= set(effects.deferred_writes)
+        # Globals reached only through notebook functions the cell called may have
+        # been mutated by them (`def note(v): seen.append(v)`).
+        candidates |= {n for n in plan.reads - set(effects.reads) if not _is_function_entry(state.entries.get(n))}
         if effects.dynamic:
             candidates |= user
-        result = state.checkpoint(ns, user, candidates)
+        result = state.checkpoint(
+            ns, user, candidates, unserializable_context={"code": plan.transformed, "parent_checkpoint": self._checkpoint_id}
+        )
         if isinstance(ns, LazyNamespace):
             for name in result.changed:
                 ns.discard_pending(name)
@@ -348,7 +344,10 @@ class Session:
         saved = hidden.capture_rng()
         for which, digest in rng_after.items():
             if plan.rng_before.get(which) != digest:
-                inputs[f"@rng:{which}"] = plan.rng_before.get(which, ABSENT)
+                if which in plan.rng_before and not plan.seeded.get(which):
+                    # Consumed an existing state. A generator that only came into
+                    # being in this cell (numpy imported) was not an input.
+                    inputs[f"@rng:{which}"] = plan.rng_before[which]
                 stored = store_group(objects, {"state": saved[which]})
                 if not isinstance(stored, tuple):
                     continue
@@ -509,13 +508,17 @@ class Session:
             state.entries[name] = entry
             if entry.kind == HIDDEN:
                 self._apply_hidden(entry)
-            elif entry.kind == MODULE:
+            elif entry.kind == MODULE and not isinstance(ns, LazyNamespace):
                 ns[name] = state.load(entry)[name]
                 state.remember(name, ns[name])
-            elif entry.kind == VALUE:
+            elif entry.kind in (VALUE, MODULE, UNSERIALIZABLE):
                 if isinstance(ns, LazyNamespace):
                     ns.set_pending(name, entry)
                     state.forget(name)
+                elif entry.kind == UNSERIALIZABLE:
+                    value = self._rebuild(name, entry)[name]
+                    ns[name] = value
+                    state.remember(name, value)
                 else:
                     eager.setdefault(entry.digest, []).append(name)
         for digest, names in eager.items():
@@ -552,6 +555,10 @@ class Session:
         entry: Entry = token
         ns = self.namespace
         assert isinstance(ns, LazyNamespace)
+        if entry.kind == UNSERIALIZABLE:
+            values = self._rebuild(name, entry)
+            self.state.remember(name, values[name])
+            return values
         try:
             values = self.state.load(entry)
         except Exception as exc:
@@ -567,6 +574,45 @@ class Session:
                 out[member] = value
                 self.state.remember(member, value)
         return out
+
+    def _rebuild(self, name: str, entry: Entry) -> dict[str, Any]:
+        """Make an unstorable value again by re-running the cell that made it.
+
+        The cell runs in a scratch namespace holding the state from just before
+        it originally ran (loaded lazily, so only what it reads is loaded; values
+        it reads that could not be stored are rebuilt the same way). Only
+        `name` is taken from the scratch namespace.
+        """
+        record = load_json(self.state.objects, entry.digest)
+        code, parent = record.get("code"), record.get("parent_checkpoint")
+        if not code:
+            raise NameError(f"{name!r} could not be stored and no record says how it was made; re-run the cell that defines it")
+        print(
+            f"NBRewind: rebuilding {name!r} ({entry.extra.get('type')}, which cannot be stored) by re-running the cell "
+            f"that made it; side effects of that cell happen again",
+            file=sys.stderr,
+        )
+        scratch = LazyNamespace()
+        dict.update(scratch, {k: v for k, v in dict.items(self.namespace) if k in policy.MODULE_DUNDERS})
+        entries = self.store.catalog.checkpoint_entries(parent) if parent is not None else {}
+
+        def load(member: str, token: Any) -> dict[str, Any]:
+            item: Entry = token
+            if item.kind == UNSERIALIZABLE:
+                return {member: self._rebuild(member, item)[member]}
+            values = self.state.load(item)
+            return {k: v for k, v in values.items() if k == member or isinstance(scratch.pending().get(k), Entry)}
+
+        scratch.set_loader(load)
+        for member, (digest, meta) in entries.items():
+            if not member.startswith("@"):
+                scratch.set_pending(member, Entry.from_meta(digest, meta))
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            exec(compile(code, f"<nbrewind rebuild of {name}>", "exec"), scratch)
+        scratch.set_loader(None)
+        if not dict.__contains__(scratch, name):
+            raise NameError(f"re-running the cell that made {name!r} did not define it again")
+        return {name: dict.__getitem__(scratch, name)}
 
     # -- restore, completion, magic -------------------------------------------------------
 

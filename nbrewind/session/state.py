@@ -231,6 +231,10 @@ class LiveState:
         written = 0
         for n in names:
             value = values[n]
+            old = self.entries.get(n)
+            if old is not None and old.kind == UNSERIALIZABLE and self._last.get(n, _NOTHING) is value:
+                # Still the object its producing cell made: keep pointing at that cell.
+                continue
             reason = bad.get(n)
             result: tuple[str, int] | Unserializable = reason if reason is not None else store_group(self.objects, {n: value})
             if isinstance(result, Unserializable):

@@ -1,0 +1,170 @@
+"""Audit: what a cell run records, incremental checkpoints, co-variables, hidden state, faults."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nbrewind.session.state import HIDDEN, UNSERIALIZABLE, VALUE
+from nbrewind.store import Store
+from nbrewind.store.objects import ObjectStore
+
+from typing import Any as Runner  # the fixture type lives in conftest.py
+
+
+def _entries(runner: Runner) -> dict:
+    assert runner.session is not None
+    return runner.session.state.entries
+
+
+def test_cell_run_records_code_reads_writes_and_a_checkpoint(runner: Runner) -> None:
+    runner.run(["x = 2", "y = x * 21", "del x"])
+    with Store.open(runner.store) as store:
+        runs = store.catalog.cell_runs()
+        assert [r.code for r in runs] == ["x = 2", "y = x * 21", "del x"]
+        assert [r.execution_count for r in runs] == [1, 2, 3]
+        assert "x" in runs[1].reads and runs[1].writes == ["y"]
+        assert runs[2].deletes == ["x"]
+        last = store.catalog.checkpoint_entries(runs[-1].checkpoint_id)
+        assert set(last) == {"y"}
+        first = store.catalog.checkpoint_entries(runs[0].checkpoint_id)
+        assert set(first) == {"x"}
+
+
+def test_ipython_names_are_not_user_state(runner: Runner) -> None:
+    runner.run(["1 + 1", "_", "z = _ + Out[1]"])
+    assert set(_entries(runner)) == {"z"}
+
+
+def test_unchanged_big_array_is_not_written_again(runner: Runner) -> None:
+    runner.run(["import numpy as np", "a = np.random.default_rng(0).random(3_000_000)", "s = float(a.sum())", "t = a.mean()"])
+    with Store.open(runner.store) as store:
+        runs = store.catalog.cell_runs()
+    assert runs[1].bytes_written >= 24_000_000
+    assert runs[2].bytes_written < 10_000 and runs[3].bytes_written < 10_000
+
+
+def test_aliases_share_one_entry_and_mutation_through_the_alias_is_seen(runner: Runner) -> None:
+    runner.run(["import numpy as np", "a = np.zeros(200_000)", "b = a"])
+    entries = _entries(runner)
+    assert entries["a"].digest == entries["b"].digest and entries["a"].group == ("a", "b")
+    before = entries["a"].key
+    runner.cell("b[:10] += 1.0")
+    after = _entries(runner)
+    assert after["a"].key != before and after["a"].digest == after["b"].digest
+
+
+def test_in_place_edit_of_a_large_array_stores_only_changed_chunks(runner: Runner) -> None:
+    runner.run(["import numpy as np", "a = np.random.default_rng(0).random(5_000_000)"])
+    runner.cell("a[:1000] *= 0.0")
+    with Store.open(runner.store) as store:
+        edit = store.catalog.cell_runs()[-1]
+    assert 0 < edit.bytes_written < 5 * 2**20  # one 2 MiB chunk (plus small objects), not 40 MB
+
+
+def test_list_inside_a_dict_is_one_group(runner: Runner) -> None:
+    runner.run(["lst = [1, 2]", "d = {'x': lst}", "lst.append(3)"])
+    entries = _entries(runner)
+    assert entries["d"].group == ("d", "lst")
+    keys = {n: entries[n].key for n in ("d", "lst")}
+    runner.cell("d['x'].append(4)")
+    entries = _entries(runner)
+    assert entries["d"].key != keys["d"] and entries["lst"].key != keys["lst"]
+
+
+def test_a_mutating_method_call_is_recorded(runner: Runner) -> None:
+    runner.run(["config = {'items': [1, 2, 3]}"])
+    before = _entries(runner)["config"].key
+    runner.cell("config['items'].append(4)")
+    assert _entries(runner)["config"].key != before
+
+
+def test_a_function_mutating_a_global_is_recorded(runner: Runner) -> None:
+    runner.run(["seen = []", "def note(v):\n    seen.append(v)"])
+    before = _entries(runner)["seen"].key
+    runner.cell("note(5)")
+    assert _entries(runner)["seen"].key != before
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import threading; v = threading.Lock()",
+        "v = (i for i in range(3))",
+        "import socket; v = socket.socket()",
+        "v = open(__file__ if '__file__' in dir() else 'f.txt', 'w')",
+    ],
+)
+def test_unserializable_values_never_fail_the_cell(runner: Runner, code: str) -> None:
+    outcomes = runner.run([code, "w = 1"])
+    assert all(o.success for o in outcomes)
+    entries = _entries(runner)
+    value = runner.ns["v"]
+    if hasattr(value, "close"):
+        value.close()
+    assert entries["v"].kind == UNSERIALIZABLE and entries["w"].kind == VALUE
+
+
+def test_rng_files_env_and_cwd_are_recorded(runner: Runner) -> None:
+    outcomes = runner.run(
+        [
+            "import random, os",
+            "random.seed(3)",
+            "x = random.random()",
+            "with open('out.txt', 'w') as fh:\n    fh.write('hello')",
+            "with open('out.txt') as fh:\n    text = fh.read()",
+            "os.environ['NBREWIND_TEST_VAR'] = '1'",
+        ]
+    )
+    assert all(o.success for o in outcomes)
+    entries = _entries(runner)
+    assert entries["@rng:random"].kind == HIDDEN
+    assert entries["@file:out.txt"].kind == HIDDEN
+    assert entries["@env:NBREWIND_TEST_VAR"].extra["value"] == "1"
+    with Store.open(runner.store) as store:
+        runs = store.catalog.cell_runs()
+    assert "@rng:random" in runs[2].inputs
+    assert "@file:out.txt" in runs[4].inputs and runs[4].inputs["@file:out.txt"] != "absent" and "@cwd" in runs[4].inputs
+
+
+def test_full_disk_is_one_warning_and_the_kernel_keeps_working(
+    runner: Runner, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Fault injection: a real full disk cannot be made here, so put_blob raises ENOSPC."""
+    runner.run(["import numpy as np", "a = np.ones(10)"])
+
+    def full(self: ObjectStore, buf: object) -> str:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ObjectStore, "put_blob", full)
+        outcome = runner.cell("b = np.arange(100_000, dtype='float64')")
+    assert outcome.success and runner.ns["b"].shape == (100_000,)
+    err = capsys.readouterr().err
+    assert err.count("NBRewind warning") == 1 and "No space left" in err
+    assert runner.cell("c = 3").success
+    assert "c" in _entries(runner)
+
+
+def test_paused_recording_records_nothing(runner: Runner) -> None:
+    runner.run(["x = 1"])
+    assert runner.session is not None
+    runner.session.enabled = False
+    runner.cell("y = 2")
+    runner.session.enabled = True
+    runner.cell("z = 3")
+    with Store.open(runner.store) as store:
+        assert [r.code for r in store.catalog.cell_runs()] == ["x = 1", "z = 3"]
+
+
+def test_checkpoint_of_a_cell_that_reads_a_big_array_is_cheap(runner: Runner) -> None:
+    runner.run(["import numpy as np", "a = np.random.default_rng(1).random(5_000_000)"])
+    assert runner.session is not None
+    runner.cell("m = float(a.mean())")
+    last = runner.session.last
+    assert last is not None and last.bytes_written < 2_000
+    assert last.checkpoint_seconds < 0.05
+    np.testing.assert_allclose(runner.ns["m"], runner.ns["a"].mean())

@@ -1,0 +1,188 @@
+"""Repeat: verified-trace replay, never a stale replay, dataflow-selective re-execution,
+lazy restore and time travel. Each test audits cells on one shell, then repeats
+(possibly edited) cells on a fresh shell with a lazy namespace and the same store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any as Runner  # the fixture type lives in conftest.py
+
+import numpy as np
+import pytest
+
+from nbrewind.checkpoint.namespace import LazyNamespace
+
+
+def decisions(outcomes: list) -> list[str]:
+    return [o.decision[0].upper() for o in outcomes]  # R(eplayed) / E(xecuted)
+
+
+BASE = [
+    "SCALE = 3",
+    "def helper(x):\n    return x + 1",
+    "def scaled(x, k=2):\n    return helper(x) * SCALE * k",
+    "result = scaled(5)",
+    "final = result + 1",
+]
+
+
+def test_an_unchanged_notebook_replays_every_cell_and_matches(runner: Runner) -> None:
+    runner.run(BASE)
+    fresh = dict(runner.ns)
+    out = runner.run(BASE, "repeat")
+    assert decisions(out) == ["R"] * 5
+    assert runner.ns["final"] == fresh["final"] == 37
+    assert runner.ns["scaled"](1) == fresh["scaled"](1)
+
+
+@pytest.mark.parametrize(
+    ("index", "edit", "expect", "final"),
+    [
+        (2, "def scaled(x, k=2):\n    return helper(x) * SCALE * k * 10", "RREEE", 361),  # edited function body
+        (1, "def helper(x):\n    return x + 2", "REREE", 43),  # edited helper the function calls
+        (0, "SCALE = 4", "ERREE", 49),  # edited global constant it reads
+        (2, "def scaled(x, k=3):\n    return helper(x) * SCALE * k", "RREEE", 55),  # changed default argument
+        (2, "def scaled(x, k=2):  # doubled\n\n    return helper(x)*SCALE*k", "RRRRR", 37),  # comments/whitespace only
+    ],
+)
+def test_edits_force_exactly_the_dependent_cells_to_run(runner: Runner, index: int, edit: str, expect: str, final: int) -> None:
+    runner.run(BASE)
+    edited = list(BASE)
+    edited[index] = edit
+    out = runner.run(edited, "repeat")
+    assert "".join(decisions(out)) == expect
+    assert runner.ns["final"] == final
+
+
+def test_a_changed_closure_value_forces_a_run(runner: Runner) -> None:
+    cells = ["def make(n):\n    def add(x):\n        return x + n\n    return add", "N = 1", "add = make(N)", "y = add(10)"]
+    runner.run(cells)
+    edited = cells[:1] + ["N = 5"] + cells[2:]
+    out = runner.run(edited, "repeat")
+    assert decisions(out) == ["R", "E", "E", "E"] and runner.ns["y"] == 15
+
+
+def test_changed_input_file_contents_force_a_run(runner: Runner) -> None:
+    Path("data.txt").write_text("1 2 3")
+    cells = ["with open('data.txt') as f:\n    nums = [int(t) for t in f.read().split()]", "total = sum(nums)"]
+    runner.run(cells)
+    Path("data.txt").write_text("1 2 3 4")
+    out = runner.run(cells, "repeat")
+    assert decisions(out) == ["E", "E"] and runner.ns["total"] == 10
+    out = runner.run(cells, "repeat")
+    assert decisions(out) == ["R", "R"], [o.reason for o in out]
+    assert runner.ns["total"] == 10
+
+
+def test_a_changed_rng_seed_forces_a_run_and_the_draws_follow(runner: Runner) -> None:
+    cells = ["import random", "random.seed(1)", "x = random.random()", "y = random.random()"]
+    runner.run(cells)
+    edited = ["import random", "random.seed(2)", "x = random.random()", "y = random.random()"]
+    out = runner.run(edited, "repeat")
+    assert decisions(out) == ["R", "E", "E", "E"]
+    import random
+
+    random.seed(2)
+    assert (runner.ns["x"], runner.ns["y"]) == (random.random(), random.random())
+
+
+def test_replayed_rng_state_is_restored_for_the_next_draw(runner: Runner) -> None:
+    cells = ["import random", "random.seed(7)", "x = random.random()", "y = random.random()"]
+    runner.run(cells)
+    expected = runner.ns["y"]
+    edited = cells[:3] + ["y = random.random() + 0"]
+    out = runner.run(edited, "repeat")
+    assert decisions(out) == ["R", "R", "R", "E"] and runner.ns["y"] == expected
+
+
+def test_a_generator_held_in_a_variable_keeps_its_state(runner: Runner) -> None:
+    cells = ["import numpy as np", "g = np.random.default_rng(3)", "a = g.random(4)", "b = g.random(4)"]
+    runner.run(cells)
+    expected = runner.ns["b"].copy()
+    edited = cells[:3] + ["b = g.random(4) * 1"]
+    out = runner.run(edited, "repeat")
+    assert decisions(out) == ["R", "R", "R", "E"]
+    np.testing.assert_array_equal(runner.ns["b"], expected)
+
+
+def test_dataflow_selective_reexecution(runner: Runner) -> None:
+    cells = ["a = 1", "b = 2", "c = a + 10", "d = b + 20", "e = c + d"]
+    runner.run(cells)
+    edited = ["a = 5", *cells[1:]]
+    out = runner.run(edited, "repeat")
+    assert decisions(out) == ["E", "R", "E", "R", "E"]
+    assert runner.ns["e"] == 37
+
+
+def test_a_recorded_error_is_replayed_as_that_error(runner: Runner) -> None:
+    cells = ["x = 1", "raise ValueError('boom')", "y = x + 1"]
+    runner.run(cells)
+    out = runner.run(cells, "repeat")
+    assert decisions(out) == ["R", "R", "R"]
+    assert out[1].success is False and out[1].error == "ValueError"
+
+
+def test_replayed_values_load_lazily_and_keep_identity(runner: Runner) -> None:
+    cells = ["import numpy as np", "a = np.arange(300_000.0)", "b = a", "lst = [1]", "d = {'k': lst}"]
+    runner.run(cells)
+    runner.run(cells, "repeat")
+    ns = runner.ns
+    assert isinstance(ns, LazyNamespace)
+    assert ns.is_pending("a") and ns.is_pending("b")
+    assert {"a", "b", "d", "lst", "np"} <= set(ns.keys())  # dir(), %who and completion see them
+    assert "a" in ns
+    runner.cell("same = b is a")
+    assert ns["same"] is True
+    runner.cell("d['k'].append(2)")
+    assert ns["lst"] == [1, 2]
+
+
+def test_restore_goes_back_to_any_recorded_cell(runner: Runner) -> None:
+    runner.run(["x = 1", "x = 2\ny = 5", "del y\nx = 3"])
+    assert runner.session is not None
+    message = runner.session.restore("2")
+    assert "restored" in message
+    assert runner.ns["x"] == 2 and runner.ns["y"] == 5
+    runner.new_kernel("repeat")
+    runner.session.restore("1")
+    assert runner.ns["x"] == 1 and "y" not in runner.ns
+
+
+def test_unstorable_values_are_rebuilt_from_their_cell_only_when_used(runner: Runner, capsys: pytest.CaptureFixture[str]) -> None:
+    cells = ["import threading", "n = 2", "lock = threading.Semaphore(n)", "n = 5", "z = 1", "ok = lock.acquire(blocking=False)"]
+    runner.run(cells)
+    out = runner.run(cells[:5], "repeat")
+    assert decisions(out) == ["R"] * 5
+    assert runner.ns.is_pending("lock")
+    out = [runner.cell("ok2 = lock.acquire(blocking=False) and lock.acquire(blocking=False) and not lock.acquire(blocking=False)")]
+    assert out[0].decision == "executed"
+    # Rebuilt from the state before its cell ran (n == 2), not from today's n == 5.
+    assert runner.ns["ok2"] is True and runner.ns["n"] == 5
+    assert "rebuilding 'lock'" in capsys.readouterr().err
+
+
+def test_with_open_cells_replay(runner: Runner) -> None:
+    Path("data.txt").write_text("1 2 3")
+    cells = ["with open('data.txt') as f:\n    nums = [int(t) for t in f.read().split()]", "total = sum(nums)"]
+    runner.run(cells)
+    out = runner.run(cells, "repeat")
+    assert decisions(out) == ["R", "R"] and runner.ns["total"] == 6
+
+
+def test_history_reads_always_run(runner: Runner) -> None:
+    cells = ["1 + 1", "v = _ * 2"]
+    runner.run(cells)
+    out = runner.run(cells, "repeat")
+    assert decisions(out) == ["R", "E"]
+
+
+def test_drawing_before_reseeding_keeps_the_rng_an_input(runner: Runner) -> None:
+    cells = ["import random", "random.seed(0)", "x = random.random()\nrandom.seed(1)", "y = random.random()"]
+    runner.run(cells)
+    edited = ["import random", "random.seed(5)", *cells[2:]]
+    out = runner.run(edited, "repeat")
+    assert decisions(out) == ["R", "E", "E", "R"]
+    import random
+
+    random.seed(5)
+    assert runner.ns["x"] == random.random()
