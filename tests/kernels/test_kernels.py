@@ -1,0 +1,164 @@
+"""Audit and repeat on real kernels, started through jupyter_client and nbclient."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from jupyter_client.manager import start_new_kernel
+from nbformat.v4 import new_code_cell, new_notebook
+
+from nbrewind.run import run_notebook
+from nbrewind.store import Store, verify_store
+from nbrewind.store.report import cell_log
+
+pytestmark = pytest.mark.kernel
+
+CELLS = [
+    "import numpy as np, pandas as pd\nfrom IPython.display import display, HTML",
+    "print('hello')\nimport sys; print('to stderr', file=sys.stderr)",
+    "rng = np.random.default_rng(0)\ndf = pd.DataFrame({'x': rng.random(5), 'y': range(5)})\ndf",
+    "display(HTML('<b>bold</b>'))\nK = 3",
+    "total = float(df['x'].sum()) * K\ntotal",
+    "raise RuntimeError('recorded failure')",
+    "after = total + 1\nafter",
+]
+
+
+def write_notebook(path: Path, cells: list[str]) -> Path:
+    nb = new_notebook(cells=[new_code_cell(c) for c in cells])
+    nbformat.write(nb, str(path))
+    return path
+
+
+def outputs_of(path: Path) -> list[list[dict[str, Any]]]:
+    """Each code cell's outputs, without what legitimately differs between runs."""
+    nb = nbformat.read(str(path), as_version=4)
+    cleaned = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        outs = []
+        for out in cell.outputs:
+            out = dict(out)
+            out.pop("metadata", None)
+            if out.get("output_type") == "error":
+                out["traceback"] = out["traceback"][-1:]  # file names of frames differ per process
+            if "text" in out:
+                out["text"] = "".join(line for line in out["text"].splitlines(keepends=True) if "NBRewind" not in line)
+            outs.append(out)
+        cleaned.append([o for o in outs if o.get("text", True)])
+    return cleaned
+
+
+def test_repeat_outputs_equal_a_fresh_python3_run(tmp_path: Path) -> None:
+    nb = write_notebook(tmp_path / "nb.ipynb", CELLS)
+    store = tmp_path / "nb.ipynb.nbrewind"
+    run_notebook(nb, kernel="audit", store=store, allow_errors=True, output=tmp_path / "audit.ipynb")
+    edited = [*CELLS[:3], CELLS[3].replace("K = 3", "K = 4"), *CELLS[4:]]
+    write_notebook(nb, edited)
+    run_notebook(nb, kernel="repeat", store=store, allow_errors=True, output=tmp_path / "repeat.ipynb")
+    run_notebook(nb, kernel="python3", allow_errors=True, output=tmp_path / "fresh.ipynb")
+    assert outputs_of(tmp_path / "repeat.ipynb") == outputs_of(tmp_path / "fresh.ipynb")
+    with Store.open(store, create=False) as opened:
+        rows = cell_log(opened, last_session=True)
+        assert verify_store(opened).ok
+    assert [r.decision[0] for r in rows] == ["r", "r", "r", "e", "e", "r", "e"]
+    fresh = nbformat.read(str(tmp_path / "fresh.ipynb"), as_version=4)
+    repeat = nbformat.read(str(tmp_path / "repeat.ipynb"), as_version=4)
+    assert [c.execution_count for c in repeat.cells] == [c.execution_count for c in fresh.cells]
+
+
+def test_stop_on_error_behaves_the_same_on_replay(tmp_path: Path) -> None:
+    from nbclient.exceptions import CellExecutionError
+
+    nb = write_notebook(tmp_path / "err.ipynb", ["x = 1", "raise ValueError('boom')", "y = 2"])
+    store = tmp_path / "store"
+    with pytest.raises(CellExecutionError, match="boom"):
+        run_notebook(nb, kernel="audit", store=store)
+    with pytest.raises(CellExecutionError, match="boom"):
+        run_notebook(nb, kernel="repeat", store=store)
+    with Store.open(store, create=False) as opened:
+        rows = cell_log(opened, last_session=True)
+    assert [r.decision for r in rows] == ["replayed", "replayed"]
+    assert rows[1].status == "error"
+
+
+def _execute(kc: Any, code: str, timeout: float = 60) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    msg_id = kc.execute(code)
+    reply = kc.get_shell_msg(timeout=timeout)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    outputs = []
+    while True:
+        try:
+            msg = kc.get_iopub_msg(timeout=5)
+        except queue.Empty:
+            break
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+        outputs.append(msg)
+    return reply, outputs
+
+
+def test_store_lands_beside_the_notebook_from_the_session_path_and_magics_render(tmp_path: Path) -> None:
+    notebook = tmp_path / "analysis.ipynb"
+    notebook.write_text("{}")
+    env = {k: v for k, v in os.environ.items() if k != "NBREWIND_STORE"}
+    env["JPY_SESSION_NAME"] = str(notebook)
+    km, kc = start_new_kernel(kernel_name="nbrewind-audit", cwd=str(tmp_path), env=env)
+    try:
+        reply, _ = _execute(kc, "value = 41 + 1")
+        assert reply["content"]["status"] == "ok"
+        _, outputs = _execute(kc, "%nbrewind status")
+        text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
+        assert str(tmp_path / "analysis.ipynb.nbrewind") in text and "cell runs:" in text
+        _, outputs = _execute(kc, "%nbrewind why")
+        text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
+        assert "executed" in text
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert (tmp_path / "analysis.ipynb.nbrewind" / "catalog.sqlite").is_file()
+
+
+def test_interrupting_a_long_cell_keeps_the_store_consistent(tmp_path: Path) -> None:
+    env = dict(os.environ, NBREWIND_STORE=str(tmp_path / "store"))
+    km, kc = start_new_kernel(kernel_name="nbrewind-audit", cwd=str(tmp_path), env=env)
+    try:
+        _execute(kc, "import numpy as np\na = np.random.default_rng(0).random(2_000_000)")
+        msg_id = kc.execute("import time\nwhile True:\n    time.sleep(0.05)")
+        time.sleep(1.0)
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=30)
+        assert reply["parent_header"]["msg_id"] == msg_id
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        reply, _ = _execute(kc, "b = a[:10].sum()")
+        assert reply["content"]["status"] == "ok"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    with Store.open(tmp_path / "store", create=False) as store:
+        assert verify_store(store).ok
+        runs = store.catalog.cell_runs()
+        assert [r.status for r in runs] == ["ok", "aborted", "ok"]
+
+
+def test_cli_demo_replays_and_runs(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "nbrewind.cli", "demo", "--json", "--dir", str(tmp_path / "demo")],
+        capture_output=True, text=True, timeout=300, check=True,
+    )
+    result = json.loads(out.stdout)
+    decisions = [row["decision"] for row in result["rows"]]
+    assert decisions.count("replayed") >= 4 and decisions.count("executed") >= 2
+    assert decisions[0] == "replayed" and decisions[result["edited_cell"] - 1] == "executed"
