@@ -349,15 +349,18 @@ class ObjectStore:
     def iter_digests(self) -> Iterator[str]:
         """Every object in the store (temporary files are skipped)."""
         try:
-            folders = sorted(os.scandir(self.objects_dir), key=lambda e: e.name)
+            with os.scandir(self.objects_dir) as listing:
+                folders = sorted(listing, key=lambda e: e.name)
         except FileNotFoundError:
             return
         for folder in folders:
             if not _FANOUT_RE.fullmatch(folder.name) or not folder.is_dir():
                 continue
-            for entry in os.scandir(folder.path):
-                digest = folder.name + entry.name
-                if not entry.name.startswith(".") and is_digest(digest):
+            with os.scandir(folder.path) as entries:
+                names = [entry.name for entry in entries]
+            for name in names:
+                digest = folder.name + name
+                if not name.startswith(".") and is_digest(digest):
                     yield digest
 
     def stored_size(self, digest: str) -> int:
