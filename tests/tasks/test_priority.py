@@ -40,10 +40,12 @@ N_TASKS = 200
 TARGET = 150
 #: Fixed cost on top of the tasks ahead: the scheduler ingesting the 200-task
 #: graph, the bump request, compute-task and task-finished messages and the
-#: result fetch. Measured as (latency of task #0) - D: 15-20 ms here
-#: (benchmarks/bench_priority.py); 0.1 s leaves room for a busy 2-core machine
-#: and is still 30x below the unbumped wait of ~150 D = 3 s.
-SLACK = 0.1
+#: result fetch. Measured as (latency of task #0) - D: 15-20 ms on a quiet
+#: machine, and the 3-task-duration figure is measured by
+#: benchmarks/bench_priority.py. Under a loaded CI machine the same path took up
+#: to 0.27 s, so the tests allow 0.4 s: still over 6x below the unbumped wait of
+#: ~150 D = 3 s that test_without_a_bump_the_request_waits_its_turn asserts.
+SLACK = 0.4
 DEFAULT_SATURATION = 1.1
 SATURATIONS = [
     pytest.param(DEFAULT_SATURATION, id="queued-on-scheduler"),

@@ -1,0 +1,183 @@
+"""Rewrite a Dask graph so cached tasks are loaded and the others store their results.
+
+Given a materialized graph and the keys wanted, :func:`rewrite_graph`
+
+1. fingerprints every task the wanted keys depend on (keys that cannot be
+   fingerprinted, impure tasks and everything downstream of one stay as they are);
+2. walks down from the wanted keys: a task whose fingerprint has a cached entry
+   becomes a load task (no dependencies: what fed it is culled unless another
+   task still needs it); any other cacheable task is wrapped to store its result
+   where it runs; the walk continues below uncached tasks only;
+3. queues one task-log row per load or wrapped task on the :class:`TaskCache`.
+
+Keys are kept, so futures, per-key annotations and output keys are unaffected.
+Dask is imported lazily.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nbrewind.tasks.cache import TaskCache, compute_and_store, is_impure, load_result
+
+__all__ = ["FALLBACK_LIMIT", "Rewritten", "flatten_keys", "rewrite_graph"]
+
+Key = Hashable
+
+#: A load task carries the original task and the upstream work it culled, so a
+#: damaged entry can be recomputed on the spot, when that is at most this many tasks.
+FALLBACK_LIMIT = 256
+
+
+@dataclass
+class Rewritten:
+    """The rewritten graph and what the rewrite decided."""
+
+    dsk: dict[Key, Any]
+    hits: int = 0
+    misses: int = 0
+    uncached: int = 0
+    culled: int = 0
+    fingerprints: dict[Key, str] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        """Whether any task was replaced (if not, the original graph can be sent as it was)."""
+        return bool(self.hits or self.misses)
+
+
+def flatten_keys(keys: Any) -> list[Key]:
+    """The keys of a (possibly nested) list of keys, or of a single key."""
+    if not isinstance(keys, list):
+        return [keys]
+    out: list[Key] = []
+    stack = [iter(keys)]
+    while stack:
+        for k in stack[-1]:
+            if isinstance(k, list):
+                stack.append(iter(k))
+                break
+            out.append(k)
+        else:
+            stack.pop()
+    return out
+
+
+def _key_token(key: Key) -> str | None:
+    if isinstance(key, tuple) and key:
+        key = key[0]
+    if isinstance(key, str):
+        return key[-36:]  # dask.delayed names impure calls "<name>-<uuid4>"
+    return None
+
+
+def _node_impure(node: Any, ts: Any) -> bool:
+    if not isinstance(node, ts.Task):
+        return False
+    func = node.func
+    if is_impure(func):
+        return True
+    if func is ts._execute_subgraph and node.args and isinstance(node.args[0], dict):
+        return any(_node_impure(n, ts) for n in node.args[0].values())
+    return any(_node_impure(a, ts) for a in itertools.chain(node.args, node.kwargs.values()) if isinstance(a, ts.Task))
+
+
+def _tainted(dsk: Mapping[Key, Any], cache: TaskCache, all_impure: bool, ts: Any) -> set[Key]:
+    """Impure tasks and every task downstream of one."""
+    if all_impure:
+        return set(dsk)
+    tokens = cache.impure_tokens
+    bad = {k for k, node in dsk.items() if _node_impure(node, ts) or (tokens and _key_token(k) in tokens)}
+    if not bad:
+        return bad
+    dependents: dict[Key, list[Key]] = {}
+    for k, node in dsk.items():
+        for d in node.dependencies:
+            dependents.setdefault(d, []).append(k)
+    stack = list(bad)
+    while stack:
+        for k in dependents.get(stack.pop(), ()):
+            if k not in bad:
+                bad.add(k)
+                stack.append(k)
+    return bad
+
+
+def _cacheable(node: Any, ts: Any) -> bool:
+    # Plain tasks only: literals, aliases and container nodes cost nothing to recompute.
+    return type(node) is ts.Task and not inspect.iscoroutinefunction(node.func)
+
+
+def _fallback(dsk: Mapping[Key, Any], key: Key) -> tuple[dict[Key, Any], Key] | None:
+    """``key``'s task with everything upstream of it, if small and self-contained."""
+    sub: dict[Key, Any] = {}
+    stack = [key]
+    while stack:
+        k = stack.pop()
+        if k in sub:
+            continue
+        node = dsk.get(k)
+        if node is None or len(sub) >= FALLBACK_LIMIT:
+            return None
+        sub[k] = node
+        stack.extend(node.dependencies)
+    return sub, key
+
+
+def rewrite_graph(
+    cache: TaskCache,
+    dsk: Mapping[Key, Any],
+    keys: Iterable[Key],
+    *,
+    all_impure: bool = False,
+) -> Rewritten:
+    """Rewrite ``dsk`` (materialized; legacy tuples allowed) for the wanted ``keys``."""
+    import dask._task_spec as ts
+    from dask.utils import key_split
+
+    graph: dict[Key, Any] = ts.convert_legacy_graph(dict(dsk))
+    outputs = list(dict.fromkeys(k for k in keys if k in graph))
+    known = cache.known_fingerprints()
+    external = {}
+    if known:
+        for node in graph.values():
+            for d in node.dependencies:
+                if d not in graph and d in known:
+                    external[d] = known[d]
+    with cache.lock:
+        fps = cache.fingerprinter.fingerprint_graph(graph, outputs, external=external)
+    tainted = _tainted(graph, cache, all_impure, ts)
+    out = Rewritten({})
+    new = out.dsk
+    stack = list(reversed(outputs))
+    while stack:
+        k = stack.pop()
+        if k in new:
+            continue
+        node = graph[k]
+        fp = fps.get(k)
+        if fp is not None and k not in tainted and _cacheable(node, ts):
+            prefix = key_split(k)
+            spec = cache.spec(fp, prefix)
+            entry = cache.lookup(fp)
+            if entry is not None:
+                new[k] = ts.Task(k, load_result, spec, entry, _fallback(graph, k))
+                cache.note(fp, prefix, hit=True, entry=entry)
+                out.hits += 1
+                continue
+            new[k] = ts.Task(k, compute_and_store, spec, node.func, *node.args,
+                             _data_producer=node.data_producer, **node.kwargs)
+            cache.note(fp, prefix, hit=False)
+            out.misses += 1
+        else:
+            new[k] = node
+            out.uncached += isinstance(node, ts.Task)
+        stack.extend(d for d in node.dependencies if d in graph and d not in new)
+    out.culled = len(graph) - len(new)
+    out.fingerprints = {k: fps[k] for k in outputs if k in fps and k not in tainted}
+    cache.remember(out.fingerprints)
+    return out
