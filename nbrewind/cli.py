@@ -74,12 +74,25 @@ def cmd_du(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from nbrewind.store import verify_store
+    from nbrewind.store.store import MARKER_NAME
 
     target = Path(args.target) if args.target else None
-    if target is not None and target.is_file():
-        print("verifying a backpack file is not implemented yet", file=sys.stderr)
-        return NOT_YET
+    if target is not None and (target.is_file() or _is_backpack_folder(target)):
+        from nbrewind.pack import verify
+
+        result = verify(target, progress=_progress("verifying", args.json))
+        if args.json:
+            print(_json(result))
+        else:
+            for problem in result.problems:
+                print(f"problem: {problem}")
+            state = "ok" if result.ok else f"{len(result.problems)} problem(s)"
+            print(f"checked {result.checked:,} files ({result.bytes:,} bytes) of the backpack {result.path}: {state}")
+        return 0 if result.ok else 1
     if target is not None:
+        if not (target / MARKER_NAME).is_file() and target.is_dir():
+            print(f"jupyter nbrewind verify: {target} is neither a store nor an unpacked backpack", file=sys.stderr)
+            return 1
         args.store = str(target)
     with _open_store(args) as store:
         report = verify_store(store)
@@ -93,6 +106,88 @@ def cmd_verify(args: argparse.Namespace) -> int:
         state = "ok" if report.ok else f"{len(report.corrupt)} corrupt, {len(report.missing)} missing"
         print(f"checked {report.checked:,} objects in {store.root}: {state}")
     return 0 if report.ok else 1
+
+
+def _is_backpack_folder(path: Path) -> bool:
+    """An unpacked backpack (working folder, its store, or a plain tar extraction)."""
+    from nbrewind.store.origin import MANIFEST_NAME
+
+    return path.is_dir() and (
+        (path / "nbrewind" / MANIFEST_NAME).is_file()
+        or (path / MANIFEST_NAME).is_file()
+        or any(path.glob(f"*.nbrewind/{MANIFEST_NAME}"))
+    )
+
+
+def _progress(label: str, quiet: bool, threshold: int = 64 * 1024 * 1024) -> Any:
+    """A callback printing a percentage line on stderr, for large backpacks only."""
+    shown = [-1]
+
+    def report(done: int, total: int) -> None:
+        if quiet or total < threshold:
+            return
+        percent = min(100, done * 100 // max(total, 1))
+        if percent != shown[0]:
+            shown[0] = percent
+            end = "\n" if percent == 100 else ""
+            print(f"\r{label}: {percent:3d}% of {total:,} bytes", end=end, file=sys.stderr, flush=True)
+
+    return report
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    from nbrewind.pack import pack
+
+    result = pack(
+        args.notebook, args.output, include_data=args.include_data, history=args.history,
+        store=args.store, progress=_progress("packing", args.json),
+    )
+    if args.json:
+        print(_json(result))
+        return 0
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    data = "included" if result.data_included else "listed in data/data.yml (not included; use --include-data)"
+    print(f"packed {result.notebook}: {result.cell_runs} cell runs, {result.objects:,} objects, "
+          f"{len(result.modules)} local modules; input data {data}")
+    print(f"wrote {result.archive} ({result.archive_bytes:,} bytes; {result.bytes:,} unpacked)")
+    print(f"manifest sha256 {result.manifest_sha256} (trusted on this machine)")
+    return 0
+
+
+def cmd_unpack(args: argparse.Namespace) -> int:
+    from nbrewind.pack import unpack
+
+    result = unpack(args.archive, args.dest, progress=_progress("unpacking", args.json))
+    if args.json:
+        print(_json(result))
+        return 0
+    print(f"verified and unpacked {result.files} files ({result.bytes:,} bytes) into {result.folder}")
+    print(f"notebook: {result.notebook}")
+    print(f"store:    {result.store}")
+    if result.environment:
+        print(f"warning: the environment differs from the backpack's ({len(result.environment)}):", file=sys.stderr)
+        for line in result.environment:
+            print(f"  {line}", file=sys.stderr)
+        print("  the repeat kernel still replays recorded cells; cells that run may behave differently", file=sys.stderr)
+    if result.trusted:
+        print(f"trusted (packed on this machine). Run: jupyter nbrewind run {result.notebook} --kernel repeat")
+    else:
+        print("untrusted: the repeat kernel will not load its checkpoints until you run")
+        print(f"  jupyter nbrewind trust {result.folder}")
+    return 0
+
+
+def cmd_trust(args: argparse.Namespace) -> int:
+    from nbrewind.pack import trust
+
+    result = trust(args.folder)
+    if args.json:
+        print(_json(result))
+    else:
+        verb = "trusted" if result.newly_trusted else "already trusted"
+        print(f"{verb}: {result.store} (manifest sha256 {result.manifest_sha256}; recorded in {result.trust_db})")
+    return 0
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -187,8 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_log)
 
-    p = sub.add_parser("verify", help="re-hash every object of a store (exit 1 if any is corrupt)")
-    p.add_argument("target", nargs="?", help="a store folder (backpack files: not implemented yet)")
+    p = sub.add_parser("verify", help="re-hash a store, a backpack file or an unpacked backpack (exit 1 on any problem)")
+    p.add_argument("target", nargs="?", help="a store folder, a backpack archive or an unpacked backpack folder")
     _store_arg(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_verify)
@@ -215,14 +310,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_demo)
 
-    for name, helptext in (
-        ("pack", "build a backpack archive"),
-        ("unpack", "unpack and verify a backpack"),
-        ("trust", "trust an unpacked backpack"),
-    ):
-        p = sub.add_parser(name, help=f"{helptext} (not implemented yet)")
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=cmd_not_yet)
+    p = sub.add_parser("pack", help="build a backpack: one verifiable archive of a notebook and its checkpoints")
+    p.add_argument("notebook")
+    p.add_argument("-o", "--output", help="archive path (default: NOTEBOOK_STEM.backpack.tar.zst beside the notebook)")
+    p.add_argument("--store", help="store folder (default: NOTEBOOK.nbrewind beside the notebook)")
+    p.add_argument("--include-data", action="store_true", help="include the input files the audit read")
+    p.add_argument("--history", choices=("all", "latest"), default="all", help="every session, or the newest only")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_pack)
+
+    p = sub.add_parser("unpack", help="verify a backpack, then unpack it into a working folder")
+    p.add_argument("archive")
+    p.add_argument("-d", "--dest", help="new folder (default: ./ARCHIVE_NAME)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_unpack)
+
+    p = sub.add_parser("trust", help="let the kernels load the checkpoints of an unpacked backpack")
+    p.add_argument("folder")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_trust)
     return parser
 
 
