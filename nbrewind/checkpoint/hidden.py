@@ -178,6 +178,8 @@ class FileTracker:
         self.all_threads = all_threads
         self.reads: set[str] = set()
         self.writes: set[str] = set()
+        self.read_digests: dict[str, str | None] = {}
+        """Digest of each read file when the cell first opened it (None: missing)."""
         self._owner: int | None = None
         self._lock = threading.Lock()
 
@@ -190,6 +192,7 @@ class FileTracker:
         with self._lock:
             self.reads = set()
             self.writes = set()
+            self.read_digests = {}
 
     @contextlib.contextmanager
     def tracking(self) -> Iterator[FileTracker]:
@@ -211,6 +214,12 @@ class FileTracker:
             return
         if self.excluded(path):
             return
+        with self._lock:
+            first_read = reads and path not in self.reads and path not in self.writes
+        if first_read:
+            # The audit event comes before the open: this is the content the cell
+            # found (an append depends on it), unless the cell itself wrote it first.
+            self.read_digests[path] = file_digest(path)
         with self._lock:
             if reads:
                 self.reads.add(path)

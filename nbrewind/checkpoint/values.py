@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from nbrewind.checkpoint.serialize import Pickled, Unserializable, pickle_group, unpickle_group
-from nbrewind.store.objects import ObjectStore
+from nbrewind.store.objects import ObjectStore, StagedBlob
 
 _MAGIC = b"NBRV1"
 
@@ -45,6 +46,45 @@ def store_pickled(objects: ObjectStore, pickled: Pickled) -> tuple[str, int]:
     payload = _MAGIC + struct.pack("<I", len(header)) + header + pickled.payload
     digest = objects.put_tree(children, payload)
     return digest, objects.bytes_written - before
+
+
+@dataclass(frozen=True)
+class StagedGroup:
+    """A group hashed and copied (digest known), to be written later by `commit`."""
+
+    digest: str
+    blobs: tuple[StagedBlob, ...]
+    tree: StagedBlob
+
+    @property
+    def new_bytes(self) -> int:
+        return sum(b.new_bytes for b in self.blobs) + len(self.tree.tree)
+
+    def commit(self, objects: ObjectStore) -> None:
+        for blob in self.blobs:
+            objects.commit(blob)
+        objects.commit(self.tree)
+
+
+def stage_group(objects: ObjectStore, mapping: Mapping[str, object]) -> StagedGroup | Unserializable:
+    """Like `store_group`, but only hash and copy now; the caller commits later.
+
+    The copies make the staged group independent of the live objects, so the
+    next cell may mutate them while the write is still in flight.
+    """
+    pickled = pickle_group(mapping)
+    if isinstance(pickled, Unserializable):
+        return pickled
+    blobs: list[StagedBlob] = []
+    counts: list[int] = []
+    for index in range(len(pickled.buffers)):
+        segments = pickled.buffer_segments(index)
+        counts.append(len(segments))
+        blobs.extend(objects.stage_blob(segment) for segment in segments)
+    header = json.dumps({"segments": counts}).encode()
+    payload = _MAGIC + struct.pack("<I", len(header)) + header + pickled.payload
+    tree = objects.stage_tree([b.digest for b in blobs], payload)
+    return StagedGroup(tree.digest, tuple(blobs), tree)
 
 
 def load_group(objects: ObjectStore, digest: str) -> dict[str, object]:

@@ -26,8 +26,8 @@ class NbrewindKernel(IPythonKernel):
 
     def __init__(self, **kwargs: Any) -> None:
         namespace = Session.make_namespace(self.mode)
-        if namespace is not None:
-            kwargs.setdefault("user_ns", namespace)
+        if namespace is not None and kwargs.get("user_ns") is None:  # IPKernelApp passes user_ns=None
+            kwargs["user_ns"] = namespace
         super().__init__(**kwargs)
         self._patches = contextlib.ExitStack()
         self.nbrewind = Session.for_shell(self.shell, mode=self.mode, emit=self._emit)

@@ -12,6 +12,7 @@ a plain kernel.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -28,13 +29,18 @@ from nbrewind.analysis import DYNAMIC_NAMES, CellEffects, analyze_cell, transiti
 from nbrewind.checkpoint import hidden
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.outputs import OutputCapture, decode_outputs, encode_outputs, for_replay
-from nbrewind.checkpoint.values import load_group, load_json, store_group
+from nbrewind.checkpoint.serialize import Unserializable
+from nbrewind.checkpoint.values import StagedGroup, load_group, load_json, stage_group
 from nbrewind.errors import NbrewindError
 from nbrewind.session import policy
+from nbrewind.session.writer import BackgroundWriter
 from nbrewind.session.state import HIDDEN, MODULE, UNSERIALIZABLE, VALUE, Entry, LiveState
 from nbrewind.store import Store, resolve_store_path
 from nbrewind.store.catalog import CellRun
 from nbrewind.store.digest import digest_bytes
+from nbrewind.store.origin import check_store_origin
+from nbrewind.tasks.cache import TaskCache
+from nbrewind.tasks.intercept import intercepting
 
 Emit = Callable[[str, dict[str, Any], dict[str, Any], list[bytes]], None]
 ABSENT = "absent"
@@ -109,6 +115,10 @@ class Session:
         self._files: hidden.FileTracker | None = None
         self._checkpoint_id: int | None = None
         self.last: LastCell | None = None
+        self._pending_rng: dict[str, Entry] = {}
+        self.writer = BackgroundWriter()
+        self._task_cache: TaskCache | None = None
+        self._interception = contextlib.ExitStack()
         ns = shell.user_ns
         if isinstance(ns, LazyNamespace):
             ns.set_loader(self._load_pending)
@@ -135,9 +145,15 @@ class Session:
     @property
     def store(self) -> Store:
         if self._store is None:
+            # An untrusted backpack raises UntrustedStoreError here: nothing is unpickled.
+            notice = check_store_origin(self.store_location())
+            if notice:
+                print(notice, file=sys.stderr)
             self._store = Store.open(self.store_location(), create=True)
             self._state = LiveState(self._store.objects, self.namespace)
             self._files = hidden.FileTracker(exclude=[str(self._store.root), *hidden.default_exclusions()])
+            # Every Dask task run from now until close() is cached in this store.
+            self._task_cache = self._interception.enter_context(intercepting(TaskCache(self._store.root)))
         return self._store
 
     @property
@@ -171,6 +187,12 @@ class Session:
         """Analyse the request and decide: replay it, or run and record it."""
         if silent or not store_history or not self._ready():
             return CellPlan(record=False)
+        for failure in self.writer.take_failures():
+            print(
+                f"NBRewind warning: an earlier cell's checkpoint could not be written ({failure}); "
+                "that cell will run again on repeat.",
+                file=sys.stderr,
+            )
         try:
             plan = self._plan(code, cell_id, msg_id)
         except Exception as exc:
@@ -202,6 +224,13 @@ class Session:
         )
         plan.reads = self._reads(effects)
         plan.inputs = {name: self._key(name) for name in sorted(plan.reads)}
+        if effects.dynamic or "environ" in transformed or "getenv" in transformed:
+            # Environment variables the notebook set are inputs of cells that may read them.
+            for name in [n for n in self.state.entries if n.startswith("@env:")]:
+                plan.inputs[name] = self._hidden_key(name)
+        if effects.dynamic or plan.reads & DYNAMIC_NAMES:
+            # `'x' in globals()`: which names exist is itself an input.
+            plan.inputs["@names"] = self._hidden_key("@names")
         if self.mode == "repeat":
             self._find_match(plan)
         return plan
@@ -242,11 +271,16 @@ class Session:
 
     def _hidden_key(self, name: str) -> str:
         if name.startswith("@rng:"):
-            return hidden.rng_states().get(name[5:], ABSENT)
+            pending = self._pending_rng.get(name[5:])
+            return pending.key if pending is not None else hidden.rng_states().get(name[5:], ABSENT)
         if name.startswith("@file:"):
             return hidden.file_digest(self._abs(name[6:])) or ABSENT
         if name == "@cwd":
             return self._rel(os.getcwd())
+        if name.startswith("@env:"):
+            return _env_key(os.environ.get(name[5:]))
+        if name == "@names":
+            return digest_bytes("\n".join(sorted(self._user_names())).encode())
         return ABSENT
 
     def _find_match(self, plan: CellPlan) -> None:
@@ -257,6 +291,13 @@ class Session:
         if plan.effects.syntax_error:
             plan.reason = "syntax error"
             return
+        unstorable = sorted(n for n in plan.reads if (e := self.state.entries.get(n)) is not None and e.kind == UNSERIALIZABLE)
+        if unstorable:
+            plan.reason = f"reads {', '.join(unstorable)}, whose state cannot be stored or compared"
+            return
+        if "get_ipython" in plan.effects.reads:
+            plan.reason = "uses magics or get_ipython(), whose effects on the kernel a replay cannot restore"
+            return
         runs = self.store.catalog.find_cell_runs(plan.code_digest)
         if not runs:
             plan.reason = "no record of this code" if not self._had_cell(plan) else "code changed"
@@ -264,6 +305,10 @@ class Session:
         first_mismatch = ""
         for run in runs:
             if run.status not in ("ok", "error") or run.checkpoint_id is None:
+                continue
+            if run.status == "error" and run.code != plan.code:
+                # Its traceback shows the recorded source lines; the edited cell must show its own.
+                first_mismatch = first_mismatch or "the recorded run raised and its traceback shows the old source"
                 continue
             mismatch = self._mismatch(run)
             if mismatch is None:
@@ -285,7 +330,14 @@ class Session:
                 return f"input {what} changed"
         return None
 
+    def _apply_pending_rng(self) -> None:
+        for which, entry in list(self._pending_rng.items()):
+            state = load_group(self.state.objects, entry.digest)["state"]
+            hidden.restore_rng({which: state})
+            del self._pending_rng[which]
+
     def _start_run(self, plan: CellPlan) -> None:
+        self._apply_pending_rng()
         plan.started = time.perf_counter()
         plan.rng_before = hidden.rng_states()
         plan.env_before = hidden.env_snapshot()
@@ -328,6 +380,8 @@ class Session:
         # Globals reached only through notebook functions the cell called may have
         # been mutated by them (`def note(v): seen.append(v)`).
         candidates |= {n for n in plan.reads - set(effects.reads) if not _is_function_entry(state.entries.get(n))}
+        # A called notebook function may have changed its own mutable defaults.
+        candidates |= {n for n in plan.reads if _is_function_entry(state.entries.get(n))}
         if effects.dynamic:
             candidates |= user
         result = state.checkpoint(
@@ -338,6 +392,7 @@ class Session:
                 ns.discard_pending(name)
         changed = dict(result.changed)
         written = result.bytes_written
+        staged: list[Any] = list(result.staged)
         inputs = dict(plan.inputs)
         # Hidden state: RNGs, files, environment, working directory.
         rng_after = hidden.rng_states()
@@ -348,32 +403,33 @@ class Session:
                     # Consumed an existing state. A generator that only came into
                     # being in this cell (numpy imported) was not an input.
                     inputs[f"@rng:{which}"] = plan.rng_before[which]
-                stored = store_group(objects, {"state": saved[which]})
-                if not isinstance(stored, tuple):
+                stored = stage_group(objects, {"state": saved[which]})
+                if isinstance(stored, Unserializable):
                     continue
-                changed[f"@rng:{which}"] = Entry(stored[0], HIDDEN, digest, (), {"what": "rng", "rng": which})
-                written += stored[1]
+                staged.append(stored)
+                changed[f"@rng:{which}"] = Entry(stored.digest, HIDDEN, digest, (), {"what": "rng", "rng": which})
+                written += stored.new_bytes
         for path in sorted(self._files.reads):
-            if path not in self._files.writes:
-                inputs[f"@file:{self._rel(path)}"] = hidden.file_digest(path) or ABSENT
+            found = self._files.read_digests.get(path, hidden.file_digest(path))
+            inputs[f"@file:{self._rel(path)}"] = found or ABSENT
         for path in sorted(self._files.writes):
             rel = self._rel(path)
             if os.path.isfile(path):
-                before = objects.bytes_written
-                blob = objects.put_blob(Path(path).read_bytes())
-                written += objects.bytes_written - before
-                changed[f"@file:{rel}"] = Entry(blob, HIDDEN, hidden.file_digest(path) or ABSENT, (), {"what": "file", "path": rel})
+                blob = objects.stage_blob(Path(path).read_bytes())
+                staged.append(blob)
+                written += blob.new_bytes
+                changed[f"@file:{rel}"] = Entry(blob.digest, HIDDEN, hidden.file_digest(path) or ABSENT, (), {"what": "file", "path": rel})
             else:
                 changed[f"@file:{rel}"] = Entry(ABSENT, HIDDEN, ABSENT, (), {"what": "file", "path": rel, "deleted": True})
         if self._files.reads or self._files.writes:
             inputs["@cwd"] = self._rel(plan.cwd_before)
         for var, value in hidden.env_diff(plan.env_before, hidden.env_snapshot()).items():
-            changed[f"@env:{var}"] = Entry(ABSENT, HIDDEN, value or ABSENT, (), {"what": "env", "var": var, "value": value})
+            changed[f"@env:{var}"] = Entry(ABSENT, HIDDEN, _env_key(value), (), {"what": "env", "var": var, "value": value})
         if os.getcwd() != plan.cwd_before:
             rel = self._rel(os.getcwd())
             changed["@cwd"] = Entry(ABSENT, HIDDEN, rel, (), {"what": "cwd", "path": rel})
         state.entries.update({k: v for k, v in changed.items() if k.startswith("@")})
-        outputs_digest = self._store_outputs(outputs)
+        outputs_digest = self._stage_outputs(outputs, staged)
         status = _status(reply)
         count = self._count(reply)
         with self.store.catalog.transaction():
@@ -396,23 +452,40 @@ class Session:
                 started=time.time() - duration,
                 duration=duration,
                 bytes_written=written,
+                durable=0 if staged else 1,
             )
             self._checkpoint_id = self.store.catalog.add_checkpoint(
                 run_id, self._checkpoint_id, {k: (v.digest, v.to_meta()) for k, v in state.entries.items()}
             )
             self.store.catalog.update_cell_run(run_id, checkpoint_id=self._checkpoint_id)
+        if staged:
+            self.writer.submit(functools.partial(self._commit, staged, run_id), written)
         reason = "audit records every cell" if self.mode == "audit" else plan.reason
         self.last = LastCell(count, "executed", reason, duration, written, result.seconds, run_id)
+        self._log_tasks(run_id)
         if result.unserializable:
             names = ", ".join(sorted(result.unserializable))
             print(f"NBRewind: {names} cannot be stored; a repeat rebuilds it by running this cell.", file=sys.stderr)
 
-    def _store_outputs(self, outputs: list[Any]) -> str | None:
+    def _stage_outputs(self, outputs: list[Any], staged: list[Any]) -> str | None:
         if not outputs:
             return None
         payload, buffers = encode_outputs(outputs)
         objects = self.store.objects
-        return objects.put_tree([objects.put(b) for b in buffers], payload)
+        blobs = [objects.stage_blob(b) for b in buffers]
+        tree = objects.stage_tree([b.digest for b in blobs], payload)
+        staged.extend([*blobs, tree])
+        return tree.digest
+
+    def _commit(self, staged: list[Any], run_id: int) -> None:
+        """Writer job: write a cell's staged objects, then mark its run durable."""
+        objects = self.store.objects
+        for item in staged:
+            if isinstance(item, StagedGroup):
+                item.commit(objects)
+            else:
+                objects.commit(item)
+        self.store.catalog.update_cell_run(run_id, durable=1)
 
     def _count(self, reply: Mapping[str, Any]) -> int:
         count = reply.get("execution_count")
@@ -434,7 +507,7 @@ class Session:
             outputs = []
             if run.outputs:
                 children, payload = self.store.objects.get_tree(run.outputs)
-                outputs = decode_outputs(payload, [self.store.objects.get(c) for c in children])
+                outputs = decode_outputs(payload, [bytes(self.store.objects.get_blob(c)) for c in children])
         except Exception as exc:
             self._warn(f"could not replay cell run #{run.id}; running the cell instead", exc)
             plan.replay = False
@@ -530,8 +603,9 @@ class Session:
     def _apply_hidden(self, entry: Entry) -> None:
         what = entry.extra.get("what")
         if what == "rng":
-            state = load_group(self.state.objects, entry.digest)["state"]
-            hidden.restore_rng({entry.extra["rng"]: state})
+            # Applied just before the next cell runs: replayed cells draw nothing,
+            # and restoring numpy's state would import numpy now.
+            self._pending_rng[entry.extra["rng"]] = entry
         elif what == "file":
             path = Path(self._abs(entry.extra["path"]))
             if entry.extra.get("deleted"):
@@ -555,6 +629,7 @@ class Session:
         entry: Entry = token
         ns = self.namespace
         assert isinstance(ns, LazyNamespace)
+        self.writer.flush()  # the value may have been staged by this kernel moments ago
         if entry.kind == UNSERIALIZABLE:
             values = self._rebuild(name, entry)
             self.state.remember(name, values[name])
@@ -583,6 +658,7 @@ class Session:
         it reads that could not be stored are rebuilt the same way). Only
         `name` is taken from the scratch namespace.
         """
+        self.writer.flush()
         record = load_json(self.state.objects, entry.digest)
         code, parent = record.get("code"), record.get("parent_checkpoint")
         if not code:
@@ -618,6 +694,7 @@ class Session:
 
     def restore(self, target: str) -> str:
         """Make the namespace what it was after a recorded cell run (by execution count or cell id)."""
+        self.writer.flush()
         runs = self.store.catalog.cell_runs()
         if target.isdigit():
             number = int(target)
@@ -661,7 +738,25 @@ class Session:
 
         run_magic(self, line)
 
+    def _log_tasks(self, run_id: int) -> None:
+        """Write the Dask tasks the cell ran or loaded to the task log, with their hit/miss counts."""
+        if self._task_cache is None:
+            return
+        try:
+            rows = self._task_cache.drain_log()
+            if rows:
+                hits, misses = self._task_cache.stats(rows)
+                with self.store.catalog.transaction():
+                    self.store.catalog.log_tasks([{**row, "cell_run_id": run_id} for row in rows])
+                    self.store.catalog.update_cell_run(run_id, task_hits=hits, task_misses=misses)
+        except Exception as exc:
+            self._warn("could not record the cell's Dask tasks", exc)
+
     def close(self) -> None:
+        """Finish pending writes, undo the Dask interception, close the store."""
+        self.writer.close()
+        with contextlib.suppress(Exception):
+            self._interception.close()
         if self._store is not None:
             with contextlib.suppress(Exception):
                 self._store.close()
@@ -706,6 +801,10 @@ class _FunctionView(Mapping[str, Any]):
 
 def _is_function_entry(entry: Entry | None) -> bool:
     return entry is not None and bool(entry.extra.get("callable"))
+
+
+def _env_key(value: str | None) -> str:
+    return ABSENT if value is None else digest_bytes(("env|" + value).encode())
 
 
 def _is_user_function(obj: Any) -> bool:

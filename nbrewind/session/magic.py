@@ -54,7 +54,8 @@ def status_text(session: Session) -> str:
                  f"({sum(r.decision == 'replayed' for r in mine)} replayed, {sum(r.decision == 'executed' for r in mine)} executed)")
     lines.append(f"names in the checkpoint: {sum(not n.startswith('@') for n in session.state.entries)}")
     lines.append(f"bytes written by this kernel: {sum(r.bytes_written or 0 for r in mine):,}")
-    lines.append("pending writes: 0 (checkpoints are durable before the cell reports idle)")
+    jobs, nbytes = session.writer.pending()
+    lines.append(f"pending writes: {jobs} cell checkpoints, {nbytes:,} bytes (written in the background; durable when 0)")
     ns = session.namespace
     if isinstance(ns, LazyNamespace):
         lines.append(f"replayed names not loaded yet: {len(ns.pending())}")

@@ -18,7 +18,7 @@ from typing import Any
 
 from nbrewind.analysis import reachable_ids
 from nbrewind.checkpoint.serialize import Unserializable, digest_value, restoring_into
-from nbrewind.checkpoint.values import load_group, store_group, store_json
+from nbrewind.checkpoint.values import StagedGroup, load_group, stage_group, store_json
 from nbrewind.store.digest import digest_bytes
 from nbrewind.store.objects import ObjectStore
 
@@ -62,6 +62,8 @@ class CheckpointResult:
     bytes_written: int
     seconds: float
     unserializable: dict[str, Unserializable]
+    staged: list[StagedGroup] = field(default_factory=list)
+    """Groups hashed and copied but not written yet: commit them (in order) to make this checkpoint durable."""
 
 
 class LiveState:
@@ -75,6 +77,7 @@ class LiveState:
         self._last: dict[str, Any] = {}
         self._reach: dict[str, set[int]] = {}
         self._holders: dict[int, set[str]] = {}
+        self._staged: list[StagedGroup] = []
 
     # -- identity tracking ----------------------------------------------------
 
@@ -168,6 +171,7 @@ class LiveState:
         """
         started = time.perf_counter()
         written = 0
+        self._staged = staged = []
         changed: dict[str, Entry] = {}
         unser: dict[str, Unserializable] = {}
         deleted = {n for n in self.entries if n not in user_names and not n.startswith("@")}
@@ -205,18 +209,19 @@ class LiveState:
                 for n in names:
                     self.remember(n, values[n])
                 continue
-            result = store_group(self.objects, values)
+            result = stage_group(self.objects, values)
             if isinstance(result, Unserializable):
                 written += self._store_split(values, names, {}, changed, unser, unserializable_context)
                 continue
-            digest, nbytes = result
-            written += nbytes
+            staged.append(result)
+            digest = result.digest
+            written += result.new_bytes
             for n in names:
                 entry = Entry(digest, VALUE, keys[n], names, _value_extra(values[n]))
                 self.entries[n] = entry
                 changed[n] = entry
                 self.remember(n, values[n])
-        return CheckpointResult(changed, deleted, written, time.perf_counter() - started, unser)
+        return CheckpointResult(changed, deleted, written, time.perf_counter() - started, unser, staged)
 
     def _store_split(
         self,
@@ -236,7 +241,7 @@ class LiveState:
                 # Still the object its producing cell made: keep pointing at that cell.
                 continue
             reason = bad.get(n)
-            result: tuple[str, int] | Unserializable = reason if reason is not None else store_group(self.objects, {n: value})
+            result: StagedGroup | Unserializable = reason if reason is not None else stage_group(self.objects, {n: value})
             if isinstance(result, Unserializable):
                 record = {"type": result.type_name, "reason": result.reason, **(context or {})}
                 entry = Entry(
@@ -248,8 +253,9 @@ class LiveState:
                 )
                 unser[n] = result
             else:
-                digest, nbytes = result
-                written += nbytes
+                self._staged.append(result)
+                digest = result.digest
+                written += result.new_bytes
                 vd = digest_value(value)
                 entry = Entry(digest, VALUE, value_key(str(vd), (n,)), (n,), _value_extra(value))
             if self.entries.get(n) != entry:

@@ -59,6 +59,7 @@ class CellRun:
     bytes_written: int | None = None
     task_hits: int | None = None
     task_misses: int | None = None
+    durable: int = 1
 
 
 @dataclass(frozen=True)
@@ -344,7 +345,9 @@ class Catalog:
 
     def find_cell_runs(self, code_digest: str) -> list[CellRun]:
         """Cell runs of code with this digest, newest first (candidates for replay)."""
-        rows = self._query(f"{self._CELL_RUN_SELECT} WHERE code_digest = ? ORDER BY id DESC", (code_digest,))
+        rows = self._query(
+            f"{self._CELL_RUN_SELECT} WHERE code_digest = ? AND durable = 1 ORDER BY id DESC", (code_digest,)
+        )
         return [self._cell_run(r) for r in rows]
 
     # -- checkpoints -------------------------------------------------------------

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import re
+import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -92,6 +93,20 @@ def _blob_payload(size: int) -> bytes:
     ).encode("ascii")
 
 
+@dataclass(frozen=True)
+class StagedBlob:
+    """A blob or tree hashed and copied but not yet written (see ``ObjectStore.stage_blob``)."""
+
+    digest: str
+    tree: bytes
+    missing: dict[str, bytes]
+
+    @property
+    def new_bytes(self) -> int:
+        """Bytes of chunks the store did not have when this was staged."""
+        return sum(len(b) for b in self.missing.values())
+
+
 class ObjectStore:
     """Digest-named objects under ``root/objects`` and digest refs under ``root/refs``.
 
@@ -109,6 +124,7 @@ class ObjectStore:
         self.bytes_written = 0
         """Bytes this object wrote to disk (headers included); deduplicated puts add nothing."""
         self._count_lock = threading.Lock()
+        self._in_flight: set[str] = set()  # chunks staged by this process, not yet written
 
     def _count(self, header: bytes, payload: bytes | memoryview) -> None:
         with self._count_lock:
@@ -232,6 +248,70 @@ class ObjectStore:
         for folder in {self.path_of(d).parent for d in new}:
             fsync_dir(folder)
         return self.put_tree(chunks, _blob_payload(len(view)))
+
+    def stage_blob(self, buf: object) -> StagedBlob:
+        """Hash ``buf`` as ``put_blob`` would and copy only the chunks the store lacks.
+
+        Nothing is written: ``commit`` (typically on a background thread) writes
+        the copies, so the caller may change or drop ``buf`` as soon as this
+        returns. The blob's digest is known now.
+        """
+        self._check_writable()
+        view = _as_bytes_view(buf)
+        chunks: list[str] = []
+        missing: dict[str, bytes] = {}
+        for start in range(0, len(view), BLOB_CHUNK_SIZE):
+            piece = view[start : start + BLOB_CHUNK_SIZE]
+            digest = digest_bytes(piece)
+            chunks.append(digest)
+            if digest in missing:
+                continue
+            with self._count_lock:
+                in_flight = digest in self._in_flight
+            if not in_flight and not self.path_of(digest).exists():
+                missing[digest] = bytes(piece)
+        with self._count_lock:
+            self._in_flight.update(missing)
+        tree = _encode_tree(chunks, _blob_payload(len(view)))
+        return StagedBlob(digest_bytes(tree), tree, missing)
+
+    def stage_tree(self, children: Sequence[str], payload: bytes = b"") -> StagedBlob:
+        """A tree whose digest is known now and which ``commit`` writes later."""
+        tree = _encode_tree(children, payload)
+        return StagedBlob(digest_bytes(tree), tree, {})
+
+    def commit(self, staged: StagedBlob) -> None:
+        """Write what ``stage_blob``/``stage_tree`` prepared: chunks first, then the tree.
+
+        A tree is written only when every child is on disk, so a failed earlier
+        commit can never leave a tree pointing at nothing.
+        """
+        try:
+            self._commit_chunks(staged)
+        finally:
+            with self._count_lock:
+                for digest in staged.missing:
+                    self._in_flight.discard(digest)
+        children, payload = _decode_tree(staged.tree) or ([], b"")
+        absent = [c for c in children if not self.has(c)]
+        if absent:
+            raise ObjectNotFoundError(f"cannot write tree {staged.digest}: {len(absent)} of its chunks are missing (first {absent[0]})")
+        self.put_tree(children, payload)
+
+    def _commit_chunks(self, staged: StagedBlob) -> None:
+        if staged.missing:
+            pieces = [(d, memoryview(b)) for d, b in staged.missing.items() if not self._touch_if_present(self.path_of(d))]
+            if len(pieces) > 1:
+                pool = ThreadPoolExecutor(_WRITE_THREADS, thread_name_prefix="nbrewind-put")
+                try:
+                    for future in [pool.submit(self._write_chunk, d, p) for d, p in pieces]:
+                        future.result()
+                finally:
+                    pool.shutdown(wait=True, cancel_futures=True)
+            elif pieces:
+                self._write_chunk(*pieces[0])
+            for folder in {self.path_of(d).parent for d, _ in pieces}:
+                fsync_dir(folder)
 
     def _write_chunk(self, digest: str, piece: memoryview) -> None:
         codec, payload = frame.encode(piece, self.compression_level)

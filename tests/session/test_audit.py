@@ -133,20 +133,31 @@ def test_rng_files_env_and_cwd_are_recorded(runner: Runner) -> None:
 def test_full_disk_is_one_warning_and_the_kernel_keeps_working(
     runner: Runner, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Fault injection: a real full disk cannot be made here, so put_blob raises ENOSPC."""
-    runner.run(["import numpy as np", "a = np.ones(10)"])
+    """Fault injection: a real full disk cannot be made here, so chunk writes raise ENOSPC.
 
-    def full(self: ObjectStore, buf: object) -> str:
+    Checkpoints are written in the background, so the failure is reported once,
+    at the next cell; the failed cell run never becomes a replay candidate."""
+    runner.run(["import numpy as np", "a = np.ones(10)"])
+    assert runner.session is not None
+
+    def full(self: ObjectStore, digest: str, piece: memoryview) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with monkeypatch.context() as patch:
-        patch.setattr(ObjectStore, "put_blob", full)
-        outcome = runner.cell("b = np.arange(100_000, dtype='float64')")
+        patch.setattr(ObjectStore, "_write_chunk", full)
+        outcome = runner.cell("b = np.random.default_rng(0).random(100_000)")
+        runner.session.writer.flush()
     assert outcome.success and runner.ns["b"].shape == (100_000,)
+    assert runner.cell("c = 3").success
     err = capsys.readouterr().err
     assert err.count("NBRewind warning") == 1 and "No space left" in err
-    assert runner.cell("c = 3").success
     assert "c" in _entries(runner)
+    runner.session.writer.flush()
+    with Store.open(runner.store) as store:
+        runs = {r.code: r for r in store.catalog.cell_runs()}
+        assert runs["b = np.random.default_rng(0).random(100_000)"].durable == 0
+        assert runs["c = 3"].durable == 1
+        assert store.catalog.find_cell_runs(runs["b = np.random.default_rng(0).random(100_000)"].code_digest) == []
 
 
 def test_paused_recording_records_nothing(runner: Runner) -> None:

@@ -151,11 +151,12 @@ def test_restore_goes_back_to_any_recorded_cell(runner: Runner) -> None:
 def test_unstorable_values_are_rebuilt_from_their_cell_only_when_used(runner: Runner, capsys: pytest.CaptureFixture[str]) -> None:
     cells = ["import threading", "n = 2", "lock = threading.Semaphore(n)", "n = 5", "z = 1", "ok = lock.acquire(blocking=False)"]
     runner.run(cells)
-    out = runner.run(cells[:5], "repeat")
-    assert decisions(out) == ["R"] * 5
+    out = runner.run(cells, "repeat")
+    assert decisions(out) == ["R"] * 5 + ["E"]  # the last cell reads the lock: never replayed
+    runner.run(cells[:5], "repeat")
     assert runner.ns.is_pending("lock")
     out = [runner.cell("ok2 = lock.acquire(blocking=False) and lock.acquire(blocking=False) and not lock.acquire(blocking=False)")]
-    assert out[0].decision == "executed"
+    assert out[0].decision == "executed" and "cannot be stored" in out[0].reason
     # Rebuilt from the state before its cell ran (n == 2), not from today's n == 5.
     assert runner.ns["ok2"] is True and runner.ns["n"] == 5
     assert "rebuilding 'lock'" in capsys.readouterr().err
@@ -186,3 +187,10 @@ def test_drawing_before_reseeding_keeps_the_rng_an_input(runner: Runner) -> None
 
     random.seed(5)
     assert runner.ns["x"] == random.random()
+
+
+def test_cells_with_magics_always_run(runner: Runner) -> None:
+    cells = ["%config Completer.use_jedi = False", "x = 1"]
+    runner.run(cells)
+    out = runner.run(cells, "repeat")
+    assert decisions(out) == ["E", "R"] and "magics" in out[0].reason
