@@ -111,11 +111,14 @@ def load_group(objects: ObjectStore, digest: str) -> dict[str, object]:
     return unpickle_group(stream, buffers)
 
 
-def store_json(objects: ObjectStore, doc: Mapping[str, Any]) -> str:
-    """Store a small JSON document (an Unserializable record, a module reference)."""
-    return objects.put(json.dumps(doc, sort_keys=True).encode())
+def stage_json(objects: ObjectStore, doc: Mapping[str, Any]) -> StagedBlob:
+    """A small JSON document (a module reference, an Unserializable record), staged as a
+    childless tree so it is written with the rest of its checkpoint."""
+    return objects.stage_tree([], json.dumps(doc, sort_keys=True).encode())
 
 
 def load_json(objects: ObjectStore, digest: str) -> dict[str, Any]:
-    result: dict[str, Any] = json.loads(objects.get(digest))
+    """The document `stage_json` stored under `digest` (verified)."""
+    _, payload = objects.get_tree(digest)
+    result: dict[str, Any] = json.loads(payload)
     return result

@@ -30,8 +30,8 @@ from nbrewind.checkpoint import hidden
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.outputs import OutputCapture, decode_outputs, encode_outputs, for_replay
 from nbrewind.checkpoint.serialize import Unserializable
-from nbrewind.checkpoint.values import StagedGroup, load_group, load_json, stage_group
-from nbrewind.errors import NbrewindError
+from nbrewind.checkpoint.values import StagedGroup, load_group, load_json, stage_group, stage_json
+from nbrewind.errors import NbrewindError, ObjectNotFoundError
 from nbrewind.session import policy
 from nbrewind.session.writer import BackgroundWriter
 from nbrewind.session.state import HIDDEN, MODULE, UNSERIALIZABLE, VALUE, Entry, LiveState
@@ -117,6 +117,7 @@ class Session:
         self.last: LastCell | None = None
         self._pending_rng: dict[str, Entry] = {}
         self.writer = BackgroundWriter()
+        self._lost: set[str] = set()
         self._task_cache: TaskCache | None = None
         self._interception = contextlib.ExitStack()
         ns = shell.user_ns
@@ -187,6 +188,10 @@ class Session:
         """Analyse the request and decide: replay it, or run and record it."""
         if silent or not store_history or not self._ready():
             return CellPlan(record=False)
+        for name in list(self._lost):
+            self._lost.discard(name)
+            self.state.entries.pop(name, None)
+            self.state.forget(name)
         for failure in self.writer.take_failures():
             print(
                 f"NBRewind warning: an earlier cell's checkpoint could not be written ({failure}); "
@@ -320,7 +325,7 @@ class Session:
         plan.reason = first_mismatch or "no usable record"
 
     def _had_cell(self, plan: CellPlan) -> bool:
-        return plan.cell_id is not None and any(r.cell_id == plan.cell_id for r in self.store.catalog.cell_runs()[-200:])
+        return plan.cell_id is not None and self.store.catalog.has_cell_id(plan.cell_id)
 
     def _mismatch(self, run: CellRun) -> str | None:
         for name, recorded in (run.inputs or {}).items():
@@ -384,15 +389,22 @@ class Session:
         candidates |= {n for n in plan.reads if _is_function_entry(state.entries.get(n))}
         if effects.dynamic:
             candidates |= user
-        result = state.checkpoint(
-            ns, user, candidates, unserializable_context={"code": plan.transformed, "parent_checkpoint": self._checkpoint_id}
-        )
+        before = {k: (v.digest, v.to_meta()) for k, v in state.entries.items()}
+        context_docs: list[Any] = []
+
+        def rebuild_context() -> dict[str, Any]:
+            # How to make an unstorable value again: this cell's code and the state it started from.
+            if not context_docs:
+                context_docs.append(stage_json(objects, {"entries": before}))
+            return {"code": plan.transformed, "parent_entries": context_docs[0].digest}
+
+        result = state.checkpoint(ns, user, candidates, unserializable_context=rebuild_context)
         if isinstance(ns, LazyNamespace):
             for name in result.changed:
                 ns.discard_pending(name)
         changed = dict(result.changed)
         written = result.bytes_written
-        staged: list[Any] = list(result.staged)
+        staged: list[Any] = [*context_docs, *result.staged]
         inputs = dict(plan.inputs)
         # Hidden state: RNGs, files, environment, working directory.
         rng_after = hidden.rng_states()
@@ -430,39 +442,30 @@ class Session:
             changed["@cwd"] = Entry(ABSENT, HIDDEN, rel, (), {"what": "cwd", "path": rel})
         state.entries.update({k: v for k, v in changed.items() if k.startswith("@")})
         outputs_digest = self._stage_outputs(outputs, staged)
-        status = _status(reply)
         count = self._count(reply)
-        with self.store.catalog.transaction():
-            run_id = self.store.catalog.add_cell_run(
-                session=self.session_id,
-                kernel=self.mode,
-                execution_count=count,
-                cell_id=plan.cell_id,
-                code=plan.code,
-                code_digest=plan.code_digest,
-                decision="executed",
-                reason="audit records every cell" if self.mode == "audit" else plan.reason,
-                status=status,
-                reply=_reply_record(reply),
-                outputs=outputs_digest,
-                inputs=inputs,
-                reads=sorted(plan.reads),
-                writes=sorted(changed),
-                deletes=sorted(result.deleted),
-                started=time.time() - duration,
-                duration=duration,
-                bytes_written=written,
-                durable=0 if staged else 1,
-            )
-            self._checkpoint_id = self.store.catalog.add_checkpoint(
-                run_id, self._checkpoint_id, {k: (v.digest, v.to_meta()) for k, v in state.entries.items()}
-            )
-            self.store.catalog.update_cell_run(run_id, checkpoint_id=self._checkpoint_id)
-        if staged:
-            self.writer.submit(functools.partial(self._commit, staged, run_id), written)
         reason = "audit records every cell" if self.mode == "audit" else plan.reason
-        self.last = LastCell(count, "executed", reason, duration, written, result.seconds, run_id)
-        self._log_tasks(run_id)
+        run = {
+            "session": self.session_id,
+            "kernel": self.mode,
+            "execution_count": count,
+            "cell_id": plan.cell_id,
+            "code": plan.code,
+            "code_digest": plan.code_digest,
+            "decision": "executed",
+            "reason": reason,
+            "status": _status(reply),
+            "reply": _reply_record(reply),
+            "outputs": outputs_digest,
+            "inputs": inputs,
+            "reads": sorted(plan.reads),
+            "writes": sorted(changed),
+            "deletes": sorted(result.deleted),
+            "started": time.time() - duration,
+            "duration": duration,
+            "bytes_written": written,
+        }
+        self.last = LastCell(count, "executed", reason, duration, written, result.seconds)
+        self._submit(run, staged, written)
         if result.unserializable:
             names = ", ".join(sorted(result.unserializable))
             print(f"NBRewind: {names} cannot be stored; a repeat rebuilds it by running this cell.", file=sys.stderr)
@@ -477,15 +480,47 @@ class Session:
         staged.extend([*blobs, tree])
         return tree.digest
 
-    def _commit(self, staged: list[Any], run_id: int) -> None:
-        """Writer job: write a cell's staged objects, then mark its run durable."""
+    def _submit(self, run: dict[str, Any], staged: list[Any], nbytes: int) -> None:
+        """Queue the cell run's record: its objects are written first, then the catalog rows.
+
+        Everything a catalog row points at is durable before the row exists, so a
+        crash at any moment leaves no row that trusts an unwritten object. The
+        checkpoint (the full name -> entry map) is captured now.
+        """
+        entries = {k: (v.digest, v.to_meta()) for k, v in self.state.entries.items()}
+        tasks = self._task_cache.drain_log() if self._task_cache is not None else []
+        last = self.last
+        self.writer.submit(functools.partial(self._commit, run, entries, staged, tasks, last), nbytes)
+
+    def _commit(
+        self, run: dict[str, Any], entries: dict[str, Any], staged: list[Any], tasks: list[Any], last: LastCell | None
+    ) -> None:
+        """Writer job: write the staged objects, then the cell run, its checkpoint and its tasks."""
         objects = self.store.objects
-        for item in staged:
-            if isinstance(item, StagedGroup):
-                item.commit(objects)
-            else:
-                objects.commit(item)
-        self.store.catalog.update_cell_run(run_id, durable=1)
+        try:
+            for item in staged:
+                if isinstance(item, StagedGroup):
+                    item.commit(objects)
+                else:
+                    objects.commit(item)
+        finally:
+            # Names whose objects are not on disk (this write failed, or an earlier one
+            # this checkpoint builds on) must be stored again by the next cell.
+            lost = {n for n, (digest, _) in entries.items() if digest != ABSENT and not objects.has(digest)}
+            self._lost |= lost
+        if lost:
+            raise ObjectNotFoundError(f"objects of {', '.join(sorted(lost))} were not written")
+        catalog = self.store.catalog
+        with catalog.transaction():
+            run_id = catalog.add_cell_run(**run)
+            self._checkpoint_id = catalog.add_checkpoint(run_id, self._checkpoint_id, entries)
+            catalog.update_cell_run(run_id, checkpoint_id=self._checkpoint_id)
+            if tasks and self._task_cache is not None:
+                hits, misses = self._task_cache.stats(tasks)
+                catalog.log_tasks([{**row, "cell_run_id": run_id} for row in tasks])
+                catalog.update_cell_run(run_id, task_hits=hits, task_misses=misses)
+        if last is not None:
+            last.cell_run_id = run_id
 
     def _count(self, reply: Mapping[str, Any]) -> int:
         count = reply.get("execution_count")
@@ -521,36 +556,28 @@ class Session:
         self._apply(entries, run.writes or [], run.deletes or [])
         self._advance_history(plan.code, count)
         duration = time.perf_counter() - started
-        try:
-            with self.store.catalog.transaction():
-                run_id = self.store.catalog.add_cell_run(
-                    session=self.session_id,
-                    kernel=self.mode,
-                    execution_count=count,
-                    cell_id=plan.cell_id,
-                    code=plan.code,
-                    code_digest=plan.code_digest,
-                    decision="replayed",
-                    reason=plan.reason,
-                    status=run.status,
-                    reply=run.reply,
-                    outputs=run.outputs,
-                    inputs=run.inputs,
-                    reads=run.reads,
-                    writes=run.writes,
-                    deletes=run.deletes,
-                    started=time.time() - duration,
-                    duration=duration,
-                    bytes_written=0,
-                )
-                self._checkpoint_id = self.store.catalog.add_checkpoint(
-                    run_id, self._checkpoint_id, {k: (v.digest, v.to_meta()) for k, v in self.state.entries.items()}
-                )
-                self.store.catalog.update_cell_run(run_id, checkpoint_id=self._checkpoint_id)
-        except Exception as exc:
-            self._warn("could not record the replay", exc)
-            run_id = None
-        self.last = LastCell(count, "replayed", plan.reason, duration, 0, 0.0, run_id)
+        self.last = LastCell(count, "replayed", plan.reason, duration, 0, 0.0)
+        record = {
+            "session": self.session_id,
+            "kernel": self.mode,
+            "execution_count": count,
+            "cell_id": plan.cell_id,
+            "code": plan.code,
+            "code_digest": plan.code_digest,
+            "decision": "replayed",
+            "reason": plan.reason,
+            "status": run.status,
+            "reply": run.reply,
+            "outputs": run.outputs,
+            "inputs": run.inputs,
+            "reads": run.reads,
+            "writes": run.writes,
+            "deletes": run.deletes,
+            "started": time.time() - duration,
+            "duration": duration,
+            "bytes_written": 0,
+        }
+        self._submit(record, [], 0)
         reply = dict(run.reply or {"status": "ok"})
         reply["execution_count"] = count
         reply.setdefault("user_expressions", {})
@@ -660,7 +687,7 @@ class Session:
         """
         self.writer.flush()
         record = load_json(self.state.objects, entry.digest)
-        code, parent = record.get("code"), record.get("parent_checkpoint")
+        code, parent = record.get("code"), record.get("parent_entries")
         if not code:
             raise NameError(f"{name!r} could not be stored and no record says how it was made; re-run the cell that defines it")
         print(
@@ -670,7 +697,7 @@ class Session:
         )
         scratch = LazyNamespace()
         dict.update(scratch, {k: v for k, v in dict.items(self.namespace) if k in policy.MODULE_DUNDERS})
-        entries = self.store.catalog.checkpoint_entries(parent) if parent is not None else {}
+        entries = load_json(self.state.objects, parent)["entries"] if parent is not None else {}
 
         def load(member: str, token: Any) -> dict[str, Any]:
             item: Entry = token
@@ -737,20 +764,6 @@ class Session:
         from nbrewind.session.magic import run_magic
 
         run_magic(self, line)
-
-    def _log_tasks(self, run_id: int) -> None:
-        """Write the Dask tasks the cell ran or loaded to the task log, with their hit/miss counts."""
-        if self._task_cache is None:
-            return
-        try:
-            rows = self._task_cache.drain_log()
-            if rows:
-                hits, misses = self._task_cache.stats(rows)
-                with self.store.catalog.transaction():
-                    self.store.catalog.log_tasks([{**row, "cell_run_id": run_id} for row in rows])
-                    self.store.catalog.update_cell_run(run_id, task_hits=hits, task_misses=misses)
-        except Exception as exc:
-            self._warn("could not record the cell's Dask tasks", exc)
 
     def close(self) -> None:
         """Finish pending writes, undo the Dask interception, close the store."""

@@ -12,13 +12,14 @@ from __future__ import annotations
 import importlib
 import time
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from nbrewind.analysis import reachable_ids
 from nbrewind.checkpoint.serialize import Unserializable, digest_value, restoring_into
-from nbrewind.checkpoint.values import StagedGroup, load_group, stage_group, store_json
+from nbrewind.checkpoint.values import StagedGroup, load_group, stage_group, stage_json
+from nbrewind.store.objects import StagedBlob
 from nbrewind.store.digest import digest_bytes
 from nbrewind.store.objects import ObjectStore
 
@@ -62,7 +63,7 @@ class CheckpointResult:
     bytes_written: int
     seconds: float
     unserializable: dict[str, Unserializable]
-    staged: list[StagedGroup] = field(default_factory=list)
+    staged: list[StagedGroup | StagedBlob] = field(default_factory=list)
     """Groups hashed and copied but not written yet: commit them (in order) to make this checkpoint durable."""
 
 
@@ -77,7 +78,7 @@ class LiveState:
         self._last: dict[str, Any] = {}
         self._reach: dict[str, set[int]] = {}
         self._holders: dict[int, set[str]] = {}
-        self._staged: list[StagedGroup] = []
+        self._staged: list[StagedGroup | StagedBlob] = []
 
     # -- identity tracking ----------------------------------------------------
 
@@ -162,7 +163,7 @@ class LiveState:
         user_names: set[str],
         candidates: set[str],
         *,
-        unserializable_context: dict[str, Any] | None = None,
+        unserializable_context: Callable[[], dict[str, Any]] | None = None,
     ) -> CheckpointResult:
         """Bring the entries up to date with `namespace` after a cell ran.
 
@@ -171,7 +172,8 @@ class LiveState:
         """
         started = time.perf_counter()
         written = 0
-        self._staged = staged = []
+        staged: list[StagedGroup | StagedBlob] = []  # in commit order
+        self._staged = staged
         changed: dict[str, Entry] = {}
         unser: dict[str, Unserializable] = {}
         deleted = {n for n in self.entries if n not in user_names and not n.startswith("@")}
@@ -185,8 +187,10 @@ class LiveState:
             modules = {n for n, v in values.items() if isinstance(v, types.ModuleType)}
             for name in modules:
                 mod = values.pop(name)
+                staged_doc = stage_json(self.objects, {"module": mod.__name__})
+                staged.append(staged_doc)
                 entry = Entry(
-                    store_json(self.objects, {"module": mod.__name__}),
+                    staged_doc.digest,
                     MODULE,
                     digest_bytes(("module|" + mod.__name__).encode()),
                     (name,),
@@ -230,7 +234,7 @@ class LiveState:
         bad: dict[str, Unserializable],
         changed: dict[str, Entry],
         unser: dict[str, Unserializable],
-        context: dict[str, Any] | None,
+        context: Callable[[], dict[str, Any]] | None,
     ) -> int:
         """Store a group that holds unserializable members: each member on its own."""
         written = 0
@@ -243,9 +247,11 @@ class LiveState:
             reason = bad.get(n)
             result: StagedGroup | Unserializable = reason if reason is not None else stage_group(self.objects, {n: value})
             if isinstance(result, Unserializable):
-                record = {"type": result.type_name, "reason": result.reason, **(context or {})}
+                record = {"type": result.type_name, "reason": result.reason, **(context() if context else {})}
+                staged_doc = stage_json(self.objects, record)
+                self._staged.append(staged_doc)
                 entry = Entry(
-                    store_json(self.objects, record),
+                    staged_doc.digest,
                     UNSERIALIZABLE,
                     digest_bytes(("unserializable|" + result.type_name).encode()),
                     (n,),

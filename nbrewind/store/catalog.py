@@ -59,7 +59,6 @@ class CellRun:
     bytes_written: int | None = None
     task_hits: int | None = None
     task_misses: int | None = None
-    durable: int = 1
 
 
 @dataclass(frozen=True)
@@ -345,10 +344,12 @@ class Catalog:
 
     def find_cell_runs(self, code_digest: str) -> list[CellRun]:
         """Cell runs of code with this digest, newest first (candidates for replay)."""
-        rows = self._query(
-            f"{self._CELL_RUN_SELECT} WHERE code_digest = ? AND durable = 1 ORDER BY id DESC", (code_digest,)
-        )
+        rows = self._query(f"{self._CELL_RUN_SELECT} WHERE code_digest = ? ORDER BY id DESC", (code_digest,))
         return [self._cell_run(r) for r in rows]
+
+    def has_cell_id(self, cell_id: str) -> bool:
+        """Whether any recorded run came from the frontend cell `cell_id`."""
+        return bool(self._query("SELECT 1 FROM cell_runs WHERE cell_id = ? LIMIT 1", (cell_id,)))
 
     # -- checkpoints -------------------------------------------------------------
 

@@ -49,10 +49,5 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (namespace, name)
     ) WITHOUT ROWID;
     """,
-    # 2: a cell run is written before its objects; it is usable for replay only
-    # once its background writes are durable.
-    """
-    ALTER TABLE cell_runs ADD COLUMN durable INTEGER NOT NULL DEFAULT 1;
-    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

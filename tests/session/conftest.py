@@ -59,7 +59,14 @@ class Runner:
         if fresh or self.session is None:
             self.new_kernel(mode)
         assert self.session is not None
-        return [self.cell(code) for code in cells]
+        outcomes = [self.cell(code) for code in cells]
+        self.flush()
+        return outcomes
+
+    def flush(self) -> None:
+        """Wait for the background writer: the catalog shows every cell run after this."""
+        if self.session is not None:
+            self.session.writer.flush()
 
     def cell(self, code: str) -> Outcome:
         session = self.session

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from nbrewind.session.state import HIDDEN, UNSERIALIZABLE, VALUE
-from nbrewind.store import Store
+from nbrewind.store import Store, verify_store
 from nbrewind.store.objects import ObjectStore
 
 from typing import Any as Runner  # the fixture type lives in conftest.py
@@ -60,6 +60,7 @@ def test_aliases_share_one_entry_and_mutation_through_the_alias_is_seen(runner: 
 def test_in_place_edit_of_a_large_array_stores_only_changed_chunks(runner: Runner) -> None:
     runner.run(["import numpy as np", "a = np.random.default_rng(0).random(5_000_000)"])
     runner.cell("a[:1000] *= 0.0")
+    runner.flush()
     with Store.open(runner.store) as store:
         edit = store.catalog.cell_runs()[-1]
     assert 0 < edit.bytes_written < 5 * 2**20  # one 2 MiB chunk (plus small objects), not 40 MB
@@ -154,10 +155,45 @@ def test_full_disk_is_one_warning_and_the_kernel_keeps_working(
     assert "c" in _entries(runner)
     runner.session.writer.flush()
     with Store.open(runner.store) as store:
-        runs = {r.code: r for r in store.catalog.cell_runs()}
-        assert runs["b = np.random.default_rng(0).random(100_000)"].durable == 0
-        assert runs["c = 3"].durable == 1
-        assert store.catalog.find_cell_runs(runs["b = np.random.default_rng(0).random(100_000)"].code_digest) == []
+        codes = [r.code for r in store.catalog.cell_runs()]
+        # The failed cell run was never written: no catalog row trusts its missing
+        # objects. The next cell stored the lost value `b` again with its own checkpoint.
+        assert codes == ["import numpy as np", "a = np.ones(10)", "c = 3"]
+        assert "b" in store.catalog.cell_runs()[-1].writes
+        assert verify_store(store).ok
+
+
+def test_a_checkpoint_built_on_a_failed_write_is_refused(
+    runner: Runner, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Fault injection as above, but the next cell is staged before the failure is known:
+    its checkpoint refers to the lost objects, so it is refused too, and the cell after
+    that stores the value again."""
+    import threading
+
+    runner.run(["import numpy as np"])
+    assert runner.session is not None
+    gate = threading.Event()
+
+    def full(self: ObjectStore, digest: str, piece: memoryview) -> None:
+        gate.wait(10)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ObjectStore, "_write_chunk", full)
+        runner.cell("b = np.random.default_rng(0).random(100_000)")
+        runner.cell("c = 3")  # staged while b's write is still failing
+        gate.set()
+        runner.flush()
+    runner.cell("d = 4")
+    runner.flush()
+    assert capsys.readouterr().err.count("NBRewind warning") == 2
+    with Store.open(runner.store) as store:
+        runs = store.catalog.cell_runs()
+        assert [r.code for r in runs] == ["import numpy as np", "d = 4"]
+        assert "b" in runs[-1].writes
+        assert {"b", "c", "d"} <= set(store.catalog.checkpoint_entries(runs[-1].checkpoint_id))
+        assert verify_store(store).ok
 
 
 def test_paused_recording_records_nothing(runner: Runner) -> None:
@@ -167,6 +203,7 @@ def test_paused_recording_records_nothing(runner: Runner) -> None:
     runner.cell("y = 2")
     runner.session.enabled = True
     runner.cell("z = 3")
+    runner.flush()
     with Store.open(runner.store) as store:
         assert [r.code for r in store.catalog.cell_runs()] == ["x = 1", "z = 3"]
 
