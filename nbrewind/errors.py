@@ -38,6 +38,10 @@ class ReadOnlyStoreError(StoreError):
     """The store cannot be written (permissions or a read-only filesystem)."""
 
 
+class ChangedWhileStagedError(StoreError):
+    """A staged buffer changed before the background writer copied it; it was not written."""
+
+
 class StoreFullError(StoreError):
     """The filesystem holding the store ran out of space during a write."""
 

@@ -172,6 +172,7 @@ class LiveState:
         """
         started = time.perf_counter()
         written = 0
+        seen: dict[int, str | Unserializable] = {}  # aliases share one object: digest it once
         staged: list[StagedGroup | StagedBlob] = []  # in commit order
         self._staged = staged
         changed: dict[str, Entry] = {}
@@ -203,7 +204,7 @@ class LiveState:
             if not values:
                 continue
             names = tuple(sorted(values))
-            digests: dict[str, str | Unserializable] = {n: digest_value(v) for n, v in values.items()}
+            digests: dict[str, str | Unserializable] = {n: _digest_once(v, seen) for n, v in values.items()}
             bad = {n: d for n, d in digests.items() if isinstance(d, Unserializable)}
             if bad:
                 written += self._store_split(values, names, bad, changed, unser, unserializable_context)
@@ -280,6 +281,13 @@ class LiveState:
             raise LookupError(f"entry of kind {entry.kind} has no stored value")
         with restoring_into(self.namespace):
             return load_group(self.objects, entry.digest)
+
+
+def _digest_once(value: Any, seen: dict[int, str | Unserializable]) -> str | Unserializable:
+    key = id(value)  # valid here: every value is alive in the namespace during the checkpoint
+    if key not in seen:
+        seen[key] = digest_value(value)
+    return seen[key]
 
 
 def _value_extra(value: Any) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import BinaryIO
 import zstandard
 
 from nbrewind.errors import (
+    ChangedWhileStagedError,
     CorruptObjectError,
     NotATreeError,
     ObjectNotFoundError,
@@ -99,12 +100,13 @@ class StagedBlob:
 
     digest: str
     tree: bytes
-    missing: dict[str, bytes]
+    missing: dict[str, memoryview]
+    """Chunks the store lacked, as views of the caller's memory (copied when committed)."""
 
     @property
     def new_bytes(self) -> int:
         """Bytes of chunks the store did not have when this was staged."""
-        return sum(len(b) for b in self.missing.values())
+        return sum(b.nbytes for b in self.missing.values())
 
 
 class ObjectStore:
@@ -250,16 +252,18 @@ class ObjectStore:
         return self.put_tree(chunks, _blob_payload(len(view)))
 
     def stage_blob(self, buf: object) -> StagedBlob:
-        """Hash ``buf`` as ``put_blob`` would and copy only the chunks the store lacks.
+        """Hash ``buf`` as ``put_blob`` would and note the chunks the store lacks.
 
-        Nothing is written: ``commit`` (typically on a background thread) writes
-        the copies, so the caller may change or drop ``buf`` as soon as this
-        returns. The blob's digest is known now.
+        Nothing is written or copied: ``commit`` (typically on a background
+        thread) copies each missing chunk, checks that the copy still hashes to
+        the digest found here, and only then writes it. If the caller changed
+        ``buf`` in between, ``commit`` raises ``ChangedWhileStagedError`` and
+        writes nothing wrong. The blob's digest is known now.
         """
         self._check_writable()
         view = _as_bytes_view(buf)
         chunks: list[str] = []
-        missing: dict[str, bytes] = {}
+        missing: dict[str, memoryview] = {}
         for start in range(0, len(view), BLOB_CHUNK_SIZE):
             piece = view[start : start + BLOB_CHUNK_SIZE]
             digest = digest_bytes(piece)
@@ -269,7 +273,7 @@ class ObjectStore:
             with self._count_lock:
                 in_flight = digest in self._in_flight
             if not in_flight and not self.path_of(digest).exists():
-                missing[digest] = bytes(piece)
+                missing[digest] = piece
         with self._count_lock:
             self._in_flight.update(missing)
         tree = _encode_tree(chunks, _blob_payload(len(view)))
@@ -300,7 +304,7 @@ class ObjectStore:
 
     def _commit_chunks(self, staged: StagedBlob) -> None:
         if staged.missing:
-            pieces = [(d, memoryview(b)) for d, b in staged.missing.items() if not self._touch_if_present(self.path_of(d))]
+            pieces = [(d, b) for d, b in staged.missing.items() if not self._touch_if_present(self.path_of(d))]
             if len(pieces) > 1:
                 pool = ThreadPoolExecutor(_WRITE_THREADS, thread_name_prefix="nbrewind-put")
                 try:
@@ -313,8 +317,16 @@ class ObjectStore:
             for folder in {self.path_of(d).parent for d, _ in pieces}:
                 fsync_dir(folder)
 
-    def _write_chunk(self, digest: str, piece: memoryview) -> None:
-        codec, payload = frame.encode(piece, self.compression_level)
+    def _write_chunk(self, digest: str, piece: memoryview | bytes) -> None:
+        if isinstance(piece, memoryview):
+            # A staged view of live memory: copy it, and write the copy only if it
+            # is still the content that was hashed when it was staged.
+            piece = bytes(piece)
+            if digest_bytes(piece) != digest:
+                raise ChangedWhileStagedError(
+                    f"a value changed while its checkpoint was being written (chunk {digest}); nothing was written for it"
+                )
+        codec, payload = frame.encode(memoryview(piece), self.compression_level)
         header = frame.encode_header(codec, frame.KIND_LEAF)
         atomic_write(self.path_of(digest), (header, payload), sync_dir=False)
         self._count(header, payload)

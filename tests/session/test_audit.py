@@ -216,3 +216,38 @@ def test_checkpoint_of_a_cell_that_reads_a_big_array_is_cheap(runner: Runner) ->
     assert last is not None and last.bytes_written < 2_000
     assert last.checkpoint_seconds < 0.05
     np.testing.assert_allclose(runner.ns["m"], runner.ns["a"].mean())
+
+
+def test_mutating_a_value_while_its_checkpoint_is_written_never_stores_a_wrong_value(
+    runner: Runner, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checkpoints keep views of live arrays until the writer copies them. Hold the writer
+    (a real write, delayed) while the next cell mutates the array: the first checkpoint
+    is refused, and every checkpoint that is kept restores exactly what it recorded."""
+    import threading
+
+    runner.run(["import numpy as np"])
+    assert runner.session is not None
+    gate = threading.Event()
+    original = ObjectStore._write_chunk
+
+    def delayed(self: ObjectStore, digest: str, piece: memoryview) -> None:
+        gate.wait(10)
+        original(self, digest, piece)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ObjectStore, "_write_chunk", delayed)
+        runner.cell("a = np.random.default_rng(0).random(1_000_000)")
+        runner.cell("a[:10] = -1.0")
+        gate.set()
+        runner.flush()
+    runner.cell("z = float(a[0])")
+    runner.flush()
+    assert "changed while its checkpoint was being written" in capsys.readouterr().err
+    expected = runner.ns["a"].copy()
+    with Store.open(runner.store) as store:
+        assert verify_store(store).ok
+        last = store.catalog.cell_runs()[-1]
+    runner.new_kernel("repeat")
+    runner.session.restore(str(last.execution_count))
+    np.testing.assert_array_equal(runner.ns["a"], expected)

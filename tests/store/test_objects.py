@@ -268,3 +268,29 @@ def test_bytes_written_counts_only_new_objects(store: Store) -> None:
     objects.put(b"small")
     objects.put_blob(data)
     assert objects.bytes_written == again
+
+
+def test_staged_blob_changed_before_commit_writes_nothing(store: Store) -> None:
+    """Staging keeps a view of live memory; a change before commit is refused, never stored under the old digest."""
+    from nbrewind.errors import ChangedWhileStagedError
+
+    data = bytearray(os.urandom(3 * BLOB_CHUNK_SIZE))
+    staged = store.objects.stage_blob(data)
+    assert staged.new_bytes == len(data)
+    data[5] ^= 0xFF  # the first chunk changes after staging
+    with pytest.raises(ChangedWhileStagedError):
+        store.objects.commit(staged)
+    assert not store.objects.has(staged.digest)
+    assert all(store.objects.verify(d) is None for d in store.objects.iter_digests())
+    again = store.objects.stage_blob(data)
+    store.objects.commit(again)
+    assert bytes(store.objects.get_blob(again.digest)) == bytes(data)
+
+
+def test_staged_blob_round_trip_and_dedup(store: Store) -> None:
+    data = os.urandom(BLOB_CHUNK_SIZE + 100)
+    first = store.objects.stage_blob(data)
+    store.objects.commit(first)
+    second = store.objects.stage_blob(data)
+    assert second.digest == first.digest and second.new_bytes == 0
+    assert bytes(store.objects.get_blob(first.digest)) == data
