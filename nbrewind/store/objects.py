@@ -303,19 +303,13 @@ class ObjectStore:
         self.put_tree(children, payload)
 
     def _commit_chunks(self, staged: StagedBlob) -> None:
-        if staged.missing:
-            pieces = [(d, b) for d, b in staged.missing.items() if not self._touch_if_present(self.path_of(d))]
-            if len(pieces) > 1:
-                pool = ThreadPoolExecutor(_WRITE_THREADS, thread_name_prefix="nbrewind-put")
-                try:
-                    for future in [pool.submit(self._write_chunk, d, p) for d, p in pieces]:
-                        future.result()
-                finally:
-                    pool.shutdown(wait=True, cancel_futures=True)
-            elif pieces:
-                self._write_chunk(*pieces[0])
-            for folder in {self.path_of(d).parent for d, _ in pieces}:
-                fsync_dir(folder)
+        # One chunk at a time: this runs beside the user's next cell, which should
+        # keep the other core (put_blob, in the foreground, uses two writers).
+        pieces = [(d, b) for d, b in staged.missing.items() if not self._touch_if_present(self.path_of(d))]
+        for digest, piece in pieces:
+            self._write_chunk(digest, piece)
+        for folder in {self.path_of(d).parent for d, _ in pieces}:
+            fsync_dir(folder)
 
     def _write_chunk(self, digest: str, piece: memoryview | bytes) -> None:
         if isinstance(piece, memoryview):
