@@ -13,7 +13,7 @@ from nbrewind.store import Store
 from nbrewind.store.report import LogRow, cell_log
 
 DEMO_NOTEBOOK = Path(__file__).resolve().parent / "_demo" / "demo.ipynb"
-EDIT_FROM, EDIT_TO = "BINS = 8", "BINS = 12"
+EDIT_FROM, EDIT_TO = "combined = delayed(max)(means)", "combined = delayed(min)(means)"
 
 
 @dataclass
@@ -39,8 +39,8 @@ def run_demo(folder: str | None = None, *, keep: bool = False) -> DemoResult:
         audit = run_notebook(notebook, kernel="audit")
         nb = nbformat.read(notebook, as_version=4)
         code_cells = [c for c in nb.cells if c.cell_type == "code"]
-        edited = next(i for i, c in enumerate(code_cells) if c.source.strip() == EDIT_FROM)
-        code_cells[edited].source = EDIT_TO
+        edited = next(i for i, c in enumerate(code_cells) if EDIT_FROM in c.source)
+        code_cells[edited].source = code_cells[edited].source.replace(EDIT_FROM, EDIT_TO)
         nbformat.write(nb, str(notebook))
         repeat = run_notebook(notebook, kernel="repeat", output=work / "demo.repeat.ipynb")
         with Store.open(work / "demo.ipynb.nbrewind", create=False) as store:

@@ -162,3 +162,6 @@ def test_cli_demo_replays_and_runs(tmp_path: Path) -> None:
     decisions = [row["decision"] for row in result["rows"]]
     assert decisions.count("replayed") >= 4 and decisions.count("executed") >= 2
     assert decisions[0] == "replayed" and decisions[result["edited_cell"] - 1] == "executed"
+    edited = result["rows"][result["edited_cell"] - 1]
+    # The edit changed only the final reduction: the four partial means are task-cache hits.
+    assert (edited["task_hits"], edited["task_misses"]) == (4, 1)
