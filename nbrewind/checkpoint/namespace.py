@@ -127,9 +127,26 @@ class LazyNamespace(dict[str, Any]):
         return dict.values(self)
 
     def copy(self) -> dict[str, Any]:
-        if self._pending:
-            self.materialize_all()
-        return dict(dict.items(self))
+        """A shallow copy that is lazy too: IPython copies the namespace for every line
+        magic (to expand `$name`), which must not load every replayed value."""
+        duplicate = LazyNamespace(dict.items(self))
+        duplicate._loader = self._loader
+        for name, token in self.pending().items():
+            duplicate.set_pending(name, token)
+        return duplicate
+
+    def update(self, other: Any = (), /, **kwargs: Any) -> None:
+        """Like dict.update; from another LazyNamespace, pending names stay pending
+        (IPython merges the cell's frame locals, which is this namespace, for magics)."""
+        if isinstance(other, LazyNamespace):
+            dict.update(self, dict.items(other))
+            for name, token in other.pending().items():
+                if not dict.__contains__(self, name):
+                    self.set_pending(name, token)
+            if self._loader is None:
+                self._loader = other._loader
+            other = ()
+        dict.update(self, other, **kwargs)
 
     def __delitem__(self, key: str) -> None:
         was_pending = self._pending.pop(key, _MISSING) is not _MISSING

@@ -7,7 +7,9 @@ Given a materialized graph and the keys wanted, :func:`rewrite_graph`
 2. walks down from the wanted keys: a task whose fingerprint has a cached entry
    becomes a load task (no dependencies: what fed it is culled unless another
    task still needs it); any other cacheable task is wrapped to store its result
-   where it runs; the walk continues below uncached tasks only;
+   where it runs (and to see its fingerprint while it runs, for
+   ``nbrewind.checkpoint``/``resume``: see ``resume.py``); the walk continues
+   below uncached tasks only;
 3. queues one task-log row per load or wrapped task on the :class:`TaskCache`.
 
 Keys are kept, so futures, per-key annotations and output keys are unaffected.
@@ -22,7 +24,8 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nbrewind.tasks.cache import TaskCache, compute_and_store, is_impure, load_result
+from nbrewind.tasks.cache import TaskCache, is_impure, load_result
+from nbrewind.tasks.resume import run_resumable
 
 __all__ = ["FALLBACK_LIMIT", "Rewritten", "flatten_keys", "rewrite_graph"]
 
@@ -169,7 +172,7 @@ def rewrite_graph(
                 cache.note(fp, prefix, hit=True, entry=entry)
                 out.hits += 1
                 continue
-            new[k] = ts.Task(k, compute_and_store, spec, node.func, *node.args,
+            new[k] = ts.Task(k, run_resumable, spec, node.func, *node.args,
                              _data_producer=node.data_producer, **node.kwargs)
             cache.note(fp, prefix, hit=False)
             out.misses += 1

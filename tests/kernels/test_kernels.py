@@ -165,3 +165,71 @@ def test_cli_demo_replays_and_runs(tmp_path: Path) -> None:
     edited = result["rows"][result["edited_cell"] - 1]
     # The edit changed only the final reduction: the four partial means are task-cache hits.
     assert (edited["task_hits"], edited["task_misses"]) == (4, 1)
+
+
+NEVER_STALE = [
+    ("z = 10", None),
+    ("def f(x):\n    return x + 1", "def f(x):\n    return x + 100"),  # edited function body
+    ("r1 = f(1)", None),
+    ("def h(x):\n    return x * 2", "def h(x):\n    return x * 3"),  # edited helper
+    ("def g(x):\n    return h(x) + 1", None),
+    ("r2 = g(1)", None),
+    ("K = 3", "K = 4"),  # edited global constant
+    ("def k(x):\n    return x * K", None),
+    ("r3 = k(2)", None),
+    ("def d(x, y=2):\n    return x * y", "def d(x, y=5):\n    return x * y"),  # changed default argument
+    ("r4 = d(3)", None),
+    ("def make(n):\n    return lambda x: x + n", None),
+    ("N = 1", "N = 7"),  # changed closure value
+    ("add = make(N)", None),
+    ("r5 = add(1)", None),
+    ("with open('input.txt') as fh:\n    text = fh.read()", None),  # input file changes between runs
+    ("import random\nrandom.seed(1)", "import random\nrandom.seed(2)"),  # changed RNG seed
+    ("r6 = random.random()", None),
+    ("w = z + 1", None),
+    ("print(r1, r2, r3, r4, r5, text, round(r6, 6), w)", None),
+]
+NEVER_STALE_EXPECTED = "REEEREEREEEREEEEEERE"  # per cell: R(eplayed) or E(xecuted)
+
+
+def test_every_edit_that_matters_forces_a_run_on_real_kernels(tmp_path: Path) -> None:
+    """Issue 4's never-stale list, through nbclient: each edit runs its cell and the cells that
+    depend on it, everything else replays, and the outputs equal a fresh python3 run."""
+    (tmp_path / "input.txt").write_text("first")
+    nb = write_notebook(tmp_path / "stale.ipynb", [cell for cell, _ in NEVER_STALE])
+    store = tmp_path / "stale.ipynb.nbrewind"
+    run_notebook(nb, kernel="audit", store=store)
+    (tmp_path / "input.txt").write_text("second")
+    write_notebook(nb, [edit or cell for cell, edit in NEVER_STALE])
+    run_notebook(nb, kernel="repeat", store=store, output=tmp_path / "repeat.ipynb")
+    run_notebook(nb, kernel="python3", output=tmp_path / "fresh.ipynb")
+    assert outputs_of(tmp_path / "repeat.ipynb") == outputs_of(tmp_path / "fresh.ipynb")
+    with Store.open(store, create=False) as opened:
+        rows = cell_log(opened, last_session=True)
+    got = "".join(r.decision[0].upper() for r in rows)
+    expected = NEVER_STALE_EXPECTED
+    assert got == expected, [(i, r.decision, r.reason, r.code.splitlines()[0]) for i, r in enumerate(rows) if got[i] != expected[i]]
+
+
+def test_replayed_names_complete_before_they_are_loaded(tmp_path: Path) -> None:
+    nb = write_notebook(tmp_path / "c.ipynb", ["import numpy as np", "a_long_array_name = np.arange(10)"])
+    store = tmp_path / "store"
+    run_notebook(nb, kernel="audit", store=store)
+    env = dict(os.environ, NBREWIND_STORE=str(store))
+    km, kc = start_new_kernel(kernel_name="nbrewind-repeat", cwd=str(tmp_path), env=env)
+    try:
+        for code in ("import numpy as np", "a_long_array_name = np.arange(10)"):
+            reply, _ = _execute(kc, code)
+            assert reply["content"]["status"] == "ok"
+        _, outputs = _execute(kc, "%nbrewind status")
+        text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
+        assert "not loaded yet: 2" in text
+        msg_id = kc.complete("a_long_ar", 9)
+        reply = kc.get_shell_msg(timeout=30)
+        assert reply["parent_header"]["msg_id"] == msg_id
+        assert "a_long_array_name" in reply["content"]["matches"]
+        reply, outputs = _execute(kc, "print(a_long_array_name.sum())")
+        assert "45" in "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

@@ -1,0 +1,86 @@
+"""LazyNamespace: pending names load on first use, are listed everywhere, and survive
+the copies IPython makes without loading."""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any
+
+import pytest
+
+from nbrewind.checkpoint.namespace import LazyNamespace
+
+
+def make(loads: list[str]) -> LazyNamespace:
+    ns = LazyNamespace(__builtins__=builtins, __name__="__main__")
+
+    def loader(name: str, token: Any) -> dict[str, Any]:
+        loads.append(name)
+        return {name: token * 2}
+
+    ns.set_loader(loader)
+    return ns
+
+
+def test_pending_values_load_on_first_use_from_cells_and_functions() -> None:
+    loads: list[str] = []
+    ns = make(loads)
+    ns.set_pending("a", 21)
+    ns.set_pending("b", 5)
+    exec("def f():\n    return a + len([1])", ns)
+    assert loads == []
+    assert ns["f"]() == 43 and loads == ["a"]
+    exec("c = b + 1", ns)
+    assert ns["c"] == 11 and loads == ["a", "b"]
+    assert not ns.pending()
+
+
+def test_pending_names_are_listed_without_loading() -> None:
+    loads: list[str] = []
+    ns = make(loads)
+    ns.set_pending("x", 1)
+    exec("names = dir()", ns)
+    assert "x" in ns["names"] and "x" in ns and "x" in list(ns) and len(ns) == len(list(ns))
+    assert loads == []
+
+
+def test_copy_and_update_keep_names_pending() -> None:
+    """IPython's var_expand copies the namespace and merges frame locals for every line magic."""
+    loads: list[str] = []
+    ns = make(loads)
+    ns["plain"] = 3
+    ns.set_pending("big", 50)
+    copied = ns.copy()
+    copied.update(ns)
+    assert loads == [] and isinstance(copied, LazyNamespace) and copied.is_pending("big")
+    assert copied["big"] == 100 and loads == ["big"]
+    assert ns.is_pending("big")  # the original is untouched
+
+
+def test_delete_pop_assign_and_clear() -> None:
+    loads: list[str] = []
+    ns = make(loads)
+    ns.set_pending("gone", 1)
+    del ns["gone"]
+    assert "gone" not in ns and loads == []
+    with pytest.raises(KeyError):
+        del ns["gone"]
+    ns.set_pending("p", 4)
+    assert ns.pop("p") == 8
+    ns.set_pending("q", 1)
+    ns["q"] = "new"
+    assert ns["q"] == "new" and ns.get("q") == "new"
+    ns.set_pending("r", 1)
+    ns.clear()
+    assert len(ns) == 0 and not ns.pending()
+
+
+def test_missing_hook_is_only_installed_while_something_is_pending() -> None:
+    ns = make([])
+    assert "__missing__" not in LazyNamespace.__dict__
+    ns.set_pending("v", 1)
+    assert "__missing__" in LazyNamespace.__dict__
+    ns.materialize("v")
+    assert "__missing__" not in LazyNamespace.__dict__
+    with pytest.raises(NameError):
+        exec("undefined_name", ns)
