@@ -36,13 +36,13 @@ def run_demo(folder: str | None = None, *, keep: bool = False) -> DemoResult:
     notebook = work / "demo.ipynb"
     shutil.copyfile(DEMO_NOTEBOOK, notebook)
     try:
-        audit = run_notebook(notebook, kernel="audit")
+        audit = run_notebook(notebook, kernel="audit", quiet=True)
         nb = nbformat.read(notebook, as_version=4)
         code_cells = [c for c in nb.cells if c.cell_type == "code"]
         edited = next(i for i, c in enumerate(code_cells) if EDIT_FROM in c.source)
         code_cells[edited].source = code_cells[edited].source.replace(EDIT_FROM, EDIT_TO)
         nbformat.write(nb, str(notebook))
-        repeat = run_notebook(notebook, kernel="repeat", output=work / "demo.repeat.ipynb")
+        repeat = run_notebook(notebook, kernel="repeat", output=work / "demo.repeat.ipynb", quiet=True)
         with Store.open(work / "demo.ipynb.nbrewind", create=False) as store:
             rows = cell_log(store, last_session=True)
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ def run_notebook(
     timeout: int = 600,
     allow_errors: bool = False,
     env: dict[str, str] | None = None,
+    quiet: bool = False,
 ) -> RunResult:
     """Execute `notebook` on the audit, repeat or plain python3 kernel and write the outputs.
 
@@ -69,7 +71,8 @@ def run_notebook(
     started = time.perf_counter()
     error = None
     try:
-        client.execute(env=kernel_env)
+        # quiet: the kernel's own log lines (e.g. ipykernel's transport notice) are dropped.
+        client.execute(env=kernel_env, **({"stderr": subprocess.DEVNULL} if quiet else {}))
     except CellExecutionError as exc:
         error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if not allow_errors:
