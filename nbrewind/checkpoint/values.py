@@ -1,4 +1,4 @@
-"""Store and load groups of co-variables as store objects.
+"""Stage and load groups of co-variables as store objects.
 
 A group becomes one tree object: its children are the chunked blobs of the
 pickle's out-of-band buffers (one per buffer segment, so an unchanged array or
@@ -15,42 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nbrewind.checkpoint.serialize import Pickled, Unserializable, pickle_group, unpickle_group
+from nbrewind.checkpoint.serialize import Unserializable, pickle_group, unpickle_group
 from nbrewind.store.objects import ObjectStore, StagedBlob
 
 _MAGIC = b"NBRV1"
 
 
-def store_group(objects: ObjectStore, mapping: Mapping[str, object]) -> tuple[str, int] | Unserializable:
-    """Pickle `mapping` as one group and store it; return (digest, bytes written).
-
-    The bytes-written figure is what the store actually added (deduplicated
-    chunks cost nothing).
-    """
-    pickled = pickle_group(mapping)
-    if isinstance(pickled, Unserializable):
-        return pickled
-    return store_pickled(objects, pickled)
-
-
-def store_pickled(objects: ObjectStore, pickled: Pickled) -> tuple[str, int]:
-    """Store an already pickled group; return (digest, bytes written)."""
-    before = objects.bytes_written
-    children: list[str] = []
-    counts: list[int] = []
-    for index in range(len(pickled.buffers)):
-        segments = pickled.buffer_segments(index)
-        counts.append(len(segments))
-        children.extend(objects.put_blob(segment) for segment in segments)
-    header = json.dumps({"segments": counts}).encode()
-    payload = _MAGIC + struct.pack("<I", len(header)) + header + pickled.payload
-    digest = objects.put_tree(children, payload)
-    return digest, objects.bytes_written - before
-
-
 @dataclass(frozen=True)
 class StagedGroup:
-    """A group hashed and copied (digest known), to be written later by `commit`."""
+    """A group hashed (its digest known), to be written later by `commit`."""
 
     digest: str
     blobs: tuple[StagedBlob, ...]
@@ -67,10 +40,11 @@ class StagedGroup:
 
 
 def stage_group(objects: ObjectStore, mapping: Mapping[str, object]) -> StagedGroup | Unserializable:
-    """Like `store_group`, but only hash and copy now; the caller commits later.
+    """Pickle `mapping` as one group and stage it: its digest is known now, the
+    bytes are written by `StagedGroup.commit` (on the session's writer thread).
 
-    The copies make the staged group independent of the live objects, so the
-    next cell may mutate them while the write is still in flight.
+    The store copies and re-checks each new chunk when it commits, so the next
+    cell may mutate the live objects while the write is still in flight.
     """
     pickled = pickle_group(mapping)
     if isinstance(pickled, Unserializable):

@@ -223,33 +223,13 @@ class ObjectStore:
     def put_blob(self, buf: object) -> str:
         """Store a bytes-like value of any size as 2 MiB chunks plus a chunk-list
         tree, and return the tree's digest. Only chunks not already present are
-        written, so storing an edited copy of a large array costs the changed chunks."""
-        self._check_writable()
-        view = _as_bytes_view(buf)
-        chunks: list[str] = []
-        new: dict[str, memoryview] = {}
-        for start in range(0, len(view), BLOB_CHUNK_SIZE):
-            piece = view[start : start + BLOB_CHUNK_SIZE]
-            digest = digest_bytes(piece)
-            chunks.append(digest)
-            if digest not in new and not self._touch_if_present(self.path_of(digest)):
-                new[digest] = piece
-        if len(new) > 1:
-            # Per-chunk fsyncs serialize on the disk's flush latency; two writers
-            # keep it busy (zstd and os.write release the GIL). Measured in
-            # benchmarks/bench_store.py.
-            pool = ThreadPoolExecutor(_WRITE_THREADS, thread_name_prefix="nbrewind-put")
-            try:
-                for future in [pool.submit(self._write_chunk, d, p) for d, p in new.items()]:
-                    future.result()
-            finally:
-                pool.shutdown(wait=True, cancel_futures=True)
-        elif new:
-            self._write_chunk(*next(iter(new.items())))
-        # The chunks' renames must be durable before a tree naming them is.
-        for folder in {self.path_of(d).parent for d in new}:
-            fsync_dir(folder)
-        return self.put_tree(chunks, _blob_payload(len(view)))
+        written, so storing an edited copy of a large array costs the changed chunks.
+        The caller must not change ``buf`` during the call (it is not copied)."""
+        staged = self.stage_blob(buf)
+        # Per-chunk fsyncs serialize on the disk's flush latency; two writers keep it
+        # busy (zstd and os.write release the GIL). Measured in benchmarks/bench_store.py.
+        self.commit(staged, writers=_WRITE_THREADS, verify=False)
+        return staged.digest
 
     def stage_blob(self, buf: object) -> StagedBlob:
         """Hash ``buf`` as ``put_blob`` would and note the chunks the store lacks.
@@ -272,7 +252,7 @@ class ObjectStore:
                 continue
             with self._count_lock:
                 in_flight = digest in self._in_flight
-            if not in_flight and not self.path_of(digest).exists():
+            if not in_flight and not self._touch_if_present(self.path_of(digest)):
                 missing[digest] = piece
         with self._count_lock:
             self._in_flight.update(missing)
@@ -284,14 +264,30 @@ class ObjectStore:
         tree = _encode_tree(children, payload)
         return StagedBlob(digest_bytes(tree), tree, {})
 
-    def commit(self, staged: StagedBlob) -> None:
+    def commit(self, staged: StagedBlob, *, writers: int = 1, verify: bool = True) -> None:
         """Write what ``stage_blob``/``stage_tree`` prepared: chunks first, then the tree.
 
-        A tree is written only when every child is on disk, so a failed earlier
-        commit can never leave a tree pointing at nothing.
+        With ``verify`` each chunk is copied and re-hashed first (the staged views
+        may be of memory the caller has changed since). A tree is written only
+        when every child is on disk, so a failed earlier commit can never leave a
+        tree pointing at nothing. The background writer uses one writer so the
+        user's next cell keeps the other core.
         """
         try:
-            self._commit_chunks(staged)
+            pieces = [(d, b) for d, b in staged.missing.items() if not self._touch_if_present(self.path_of(d))]
+            if writers > 1 and len(pieces) > 1:
+                pool = ThreadPoolExecutor(writers, thread_name_prefix="nbrewind-put")
+                try:
+                    for future in [pool.submit(self._write_chunk, d, p, verify) for d, p in pieces]:
+                        future.result()
+                finally:
+                    pool.shutdown(wait=True, cancel_futures=True)
+            else:
+                for digest, piece in pieces:
+                    self._write_chunk(digest, piece, verify)
+            # The chunks' renames must be durable before a tree naming them is.
+            for folder in {self.path_of(d).parent for d, _ in pieces}:
+                fsync_dir(folder)
         finally:
             with self._count_lock:
                 for digest in staged.missing:
@@ -299,20 +295,13 @@ class ObjectStore:
         children, payload = _decode_tree(staged.tree) or ([], b"")
         absent = [c for c in children if not self.has(c)]
         if absent:
-            raise ObjectNotFoundError(f"cannot write tree {staged.digest}: {len(absent)} of its chunks are missing (first {absent[0]})")
+            raise ObjectNotFoundError(
+                f"cannot write tree {staged.digest}: {len(absent)} of its chunks are missing (first {absent[0]})"
+            )
         self.put_tree(children, payload)
 
-    def _commit_chunks(self, staged: StagedBlob) -> None:
-        # One chunk at a time: this runs beside the user's next cell, which should
-        # keep the other core (put_blob, in the foreground, uses two writers).
-        pieces = [(d, b) for d, b in staged.missing.items() if not self._touch_if_present(self.path_of(d))]
-        for digest, piece in pieces:
-            self._write_chunk(digest, piece)
-        for folder in {self.path_of(d).parent for d, _ in pieces}:
-            fsync_dir(folder)
-
-    def _write_chunk(self, digest: str, piece: memoryview | bytes) -> None:
-        if isinstance(piece, memoryview):
+    def _write_chunk(self, digest: str, piece: memoryview | bytes, verify: bool = False) -> None:
+        if verify:
             # A staged view of live memory: copy it, and write the copy only if it
             # is still the content that was hashed when it was staged.
             piece = bytes(piece)

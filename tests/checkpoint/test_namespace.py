@@ -4,6 +4,7 @@ the copies IPython makes without loading."""
 from __future__ import annotations
 
 import builtins
+import gc
 from typing import Any
 
 import pytest
@@ -76,6 +77,12 @@ def test_delete_pop_assign_and_clear() -> None:
 
 
 def test_missing_hook_is_only_installed_while_something_is_pending() -> None:
+    from nbrewind.checkpoint import namespace
+
+    gc.collect()  # namespaces of earlier tests' shells
+    others = [r() for r in list(namespace._live.values())]
+    if any(o is not None and o._pending for o in others):
+        pytest.skip("another live namespace in this process still has pending names")
     ns = make([])
     assert "__missing__" not in LazyNamespace.__dict__
     ns.set_pending("v", 1)

@@ -141,7 +141,7 @@ def test_full_disk_is_one_warning_and_the_kernel_keeps_working(
     runner.run(["import numpy as np", "a = np.ones(10)"])
     assert runner.session is not None
 
-    def full(self: ObjectStore, digest: str, piece: memoryview) -> None:
+    def full(self: ObjectStore, digest: str, piece: memoryview, verify: bool = False) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with monkeypatch.context() as patch:
@@ -175,7 +175,7 @@ def test_a_checkpoint_built_on_a_failed_write_is_refused(
     assert runner.session is not None
     gate = threading.Event()
 
-    def full(self: ObjectStore, digest: str, piece: memoryview) -> None:
+    def full(self: ObjectStore, digest: str, piece: memoryview, verify: bool = False) -> None:
         gate.wait(10)
         raise OSError(errno.ENOSPC, "No space left on device")
 
@@ -231,9 +231,9 @@ def test_mutating_a_value_while_its_checkpoint_is_written_never_stores_a_wrong_v
     gate = threading.Event()
     original = ObjectStore._write_chunk
 
-    def delayed(self: ObjectStore, digest: str, piece: memoryview) -> None:
+    def delayed(self: ObjectStore, digest: str, piece: memoryview, verify: bool = False) -> None:
         gate.wait(10)
-        original(self, digest, piece)
+        original(self, digest, piece, verify)
 
     with monkeypatch.context() as patch:
         patch.setattr(ObjectStore, "_write_chunk", delayed)
