@@ -1,5 +1,6 @@
 """The per-cell decisions of the audit and repeat kernels (no ipykernel import)."""
 
-from nbrewind.session.core import CellPlan, Session
+from nbrewind.session.core import Session
+from nbrewind.session.plan import CellPlan
 
 __all__ = ["CellPlan", "Session"]

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import io
-import json
 import os
 import sys
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +27,24 @@ from nbrewind.checkpoint import hidden
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.outputs import OutputCapture, decode_outputs, encode_outputs, for_replay
 from nbrewind.checkpoint.serialize import Unserializable
-from nbrewind.checkpoint.values import StagedGroup, load_group, load_json, stage_group, stage_json
+from nbrewind.checkpoint.values import StagedGroup, stage_group, stage_json
 from nbrewind.errors import NbrewindError, ObjectNotFoundError
 from nbrewind.session import policy
+from nbrewind.session.plan import (
+    ABSENT,
+    CellPlan,
+    Emit,
+    FunctionView,
+    LastCell,
+    env_key,
+    is_function_entry,
+    is_user_function,
+    reply_record,
+    run_status,
+)
+from nbrewind.session.restore import RestoreMixin
+from nbrewind.session.state import HIDDEN, UNSERIALIZABLE, Entry, LiveState
 from nbrewind.session.writer import BackgroundWriter
-from nbrewind.session.state import HIDDEN, MODULE, UNSERIALIZABLE, VALUE, Entry, LiveState
 from nbrewind.store import Store, resolve_store_path
 from nbrewind.store.catalog import CellRun
 from nbrewind.store.digest import digest_bytes
@@ -42,48 +52,8 @@ from nbrewind.store.origin import check_store_origin
 from nbrewind.tasks.cache import TaskCache
 from nbrewind.tasks.intercept import intercepting
 
-Emit = Callable[[str, dict[str, Any], dict[str, Any], list[bytes]], None]
-ABSENT = "absent"
 
-
-@dataclass
-class CellPlan:
-    """What the session decided for one execute_request, and what it saw before the cell ran."""
-
-    record: bool
-    replay: bool = False
-    code: str = ""
-    transformed: str = ""
-    code_digest: str = ""
-    cell_id: str | None = None
-    msg_id: str | None = None
-    effects: CellEffects | None = None
-    reads: set[str] = field(default_factory=set)
-    inputs: dict[str, str] = field(default_factory=dict)
-    match: CellRun | None = None
-    reason: str = ""
-    started: float = 0.0
-    rng_before: dict[str, str] = field(default_factory=dict)
-    env_before: dict[str, str] = field(default_factory=dict)
-    cwd_before: str = ""
-    tracking: contextlib.ExitStack | None = None
-    seeded: dict[str, bool] = field(default_factory=dict)
-
-
-@dataclass
-class LastCell:
-    """The most recent decision, for `%nbrewind why` and `status`."""
-
-    execution_count: int
-    decision: str
-    reason: str
-    seconds: float = 0.0
-    bytes_written: int = 0
-    checkpoint_seconds: float = 0.0
-    cell_run_id: int | None = None
-
-
-class Session:
+class Session(RestoreMixin):
     """Per-kernel NBRewind state: the store, the live checkpoint and the decisions."""
 
     @staticmethod
@@ -251,7 +221,7 @@ class Session:
         if effects.dynamic:
             return self._user_names() | set(effects.reads) | set(effects.mutated)
         reads = set(effects.reads) | set(effects.mutated) | set(effects.deletes)
-        reads |= set(transitive_reads(frozenset(reads), _FunctionView(self), _is_user_function))
+        reads |= set(transitive_reads(frozenset(reads), FunctionView(self.namespace, self.state.entries), is_user_function))
         if reads & DYNAMIC_NAMES:
             return reads | self._user_names()
         return reads
@@ -283,7 +253,7 @@ class Session:
         if name == "@cwd":
             return self._rel(os.getcwd())
         if name.startswith("@env:"):
-            return _env_key(os.environ.get(name[5:]))
+            return env_key(os.environ.get(name[5:]))
         if name == "@names":
             return digest_bytes("\n".join(sorted(self._user_names())).encode())
         return ABSENT
@@ -335,12 +305,6 @@ class Session:
                 return f"input {what} changed"
         return None
 
-    def _apply_pending_rng(self) -> None:
-        for which, entry in list(self._pending_rng.items()):
-            state = load_group(self.state.objects, entry.digest)["state"]
-            hidden.restore_rng({which: state})
-            del self._pending_rng[which]
-
     def _start_run(self, plan: CellPlan) -> None:
         self._apply_pending_rng()
         plan.started = time.perf_counter()
@@ -384,9 +348,9 @@ class Session:
         candidates |= set(effects.deferred_writes)
         # Globals reached only through notebook functions the cell called may have
         # been mutated by them (`def note(v): seen.append(v)`).
-        candidates |= {n for n in plan.reads - set(effects.reads) if not _is_function_entry(state.entries.get(n))}
+        candidates |= {n for n in plan.reads - set(effects.reads) if not is_function_entry(state.entries.get(n))}
         # A called notebook function may have changed its own mutable defaults.
-        candidates |= {n for n in plan.reads if _is_function_entry(state.entries.get(n))}
+        candidates |= {n for n in plan.reads if is_function_entry(state.entries.get(n))}
         if effects.dynamic:
             candidates |= user
         before = {k: (v.digest, v.to_meta()) for k, v in state.entries.items()}
@@ -436,7 +400,7 @@ class Session:
         if self._files.reads or self._files.writes:
             inputs["@cwd"] = self._rel(plan.cwd_before)
         for var, value in hidden.env_diff(plan.env_before, hidden.env_snapshot()).items():
-            changed[f"@env:{var}"] = Entry(ABSENT, HIDDEN, _env_key(value), (), {"what": "env", "var": var, "value": value})
+            changed[f"@env:{var}"] = Entry(ABSENT, HIDDEN, env_key(value), (), {"what": "env", "var": var, "value": value})
         if os.getcwd() != plan.cwd_before:
             rel = self._rel(os.getcwd())
             changed["@cwd"] = Entry(ABSENT, HIDDEN, rel, (), {"what": "cwd", "path": rel})
@@ -453,8 +417,8 @@ class Session:
             "code_digest": plan.code_digest,
             "decision": "executed",
             "reason": reason,
-            "status": _status(reply),
-            "reply": _reply_record(reply),
+            "status": run_status(reply),
+            "reply": reply_record(reply),
             "outputs": outputs_digest,
             "inputs": inputs,
             "reads": sorted(plan.reads),
@@ -584,181 +548,6 @@ class Session:
         reply.setdefault("payload", [])
         return reply
 
-    def _advance_history(self, code: str, count: int) -> None:
-        shell = self.shell
-        with contextlib.suppress(Exception):
-            shell.history_manager.store_inputs(count, code, code)
-        shell.execution_count = count + 1
-
-    def _apply(self, entries: Mapping[str, Entry], writes: list[str], deletes: list[str]) -> None:
-        """Make the namespace and hidden state what `entries` say for these names."""
-        ns = self.namespace
-        state = self.state
-        for name in deletes:
-            if dict.__contains__(ns, name) or (isinstance(ns, LazyNamespace) and ns.is_pending(name)):
-                with contextlib.suppress(KeyError):
-                    del ns[name]
-            state.entries.pop(name, None)
-            state.forget(name)
-        eager: dict[str, list[str]] = {}
-        for name in writes:
-            entry = entries.get(name)
-            if entry is None:
-                continue
-            state.entries[name] = entry
-            if entry.kind == HIDDEN:
-                self._apply_hidden(entry)
-            elif entry.kind == MODULE and not isinstance(ns, LazyNamespace):
-                ns[name] = state.load(entry)[name]
-                state.remember(name, ns[name])
-            elif entry.kind in (VALUE, MODULE, UNSERIALIZABLE):
-                if isinstance(ns, LazyNamespace):
-                    ns.set_pending(name, entry)
-                    state.forget(name)
-                elif entry.kind == UNSERIALIZABLE:
-                    value = self._rebuild(name, entry)[name]
-                    ns[name] = value
-                    state.remember(name, value)
-                else:
-                    eager.setdefault(entry.digest, []).append(name)
-        for digest, names in eager.items():
-            values = state.load(entries[names[0]])
-            for name in names:
-                ns[name] = values[name]
-                state.remember(name, values[name])
-
-    def _apply_hidden(self, entry: Entry) -> None:
-        what = entry.extra.get("what")
-        if what == "rng":
-            # Applied just before the next cell runs: replayed cells draw nothing,
-            # and restoring numpy's state would import numpy now.
-            self._pending_rng[entry.extra["rng"]] = entry
-        elif what == "file":
-            path = Path(self._abs(entry.extra["path"]))
-            if entry.extra.get("deleted"):
-                path.unlink(missing_ok=True)
-            elif hidden.file_digest(path) != entry.key:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(path.name + ".nbrewind-tmp")
-                tmp.write_bytes(self.state.objects.get_blob(entry.digest))
-                os.replace(tmp, path)
-        elif what == "env":
-            value = entry.extra.get("value")
-            if value is None:
-                os.environ.pop(entry.extra["var"], None)
-            else:
-                os.environ[entry.extra["var"]] = value
-        elif what == "cwd":
-            os.chdir(self._abs(entry.extra["path"]))
-
-    def _load_pending(self, name: str, token: Any) -> dict[str, Any]:
-        """LazyNamespace loader: load the group behind `token` and return its pending members."""
-        entry: Entry = token
-        ns = self.namespace
-        assert isinstance(ns, LazyNamespace)
-        self.writer.flush()  # the value may have been staged by this kernel moments ago
-        if entry.kind == UNSERIALIZABLE:
-            values = self._rebuild(name, entry)
-            self.state.remember(name, values[name])
-            return values
-        try:
-            values = self.state.load(entry)
-        except Exception as exc:
-            raise NameError(
-                f"NBRewind could not load {name!r} from the store ({type(exc).__name__}: {exc}); "
-                f"run `jupyter nbrewind verify`, then re-run the cell that defines {name!r}"
-            ) from exc
-        pending = ns.pending()
-        out = {}
-        for member, value in values.items():
-            token_of = pending.get(member)
-            if member == name or (isinstance(token_of, Entry) and token_of.digest == entry.digest):
-                out[member] = value
-                self.state.remember(member, value)
-        return out
-
-    def _rebuild(self, name: str, entry: Entry) -> dict[str, Any]:
-        """Make an unstorable value again by re-running the cell that made it.
-
-        The cell runs in a scratch namespace holding the state from just before
-        it originally ran (loaded lazily, so only what it reads is loaded; values
-        it reads that could not be stored are rebuilt the same way). Only
-        `name` is taken from the scratch namespace.
-        """
-        self.writer.flush()
-        record = load_json(self.state.objects, entry.digest)
-        code, parent = record.get("code"), record.get("parent_entries")
-        if not code:
-            raise NameError(f"{name!r} could not be stored and no record says how it was made; re-run the cell that defines it")
-        print(
-            f"NBRewind: rebuilding {name!r} ({entry.extra.get('type')}, which cannot be stored) by re-running the cell "
-            f"that made it; side effects of that cell happen again",
-            file=sys.stderr,
-        )
-        scratch = LazyNamespace()
-        dict.update(scratch, {k: v for k, v in dict.items(self.namespace) if k in policy.MODULE_DUNDERS})
-        entries = load_json(self.state.objects, parent)["entries"] if parent is not None else {}
-
-        def load(member: str, token: Any) -> dict[str, Any]:
-            item: Entry = token
-            if item.kind == UNSERIALIZABLE:
-                return {member: self._rebuild(member, item)[member]}
-            values = self.state.load(item)
-            return {k: v for k, v in values.items() if k == member or isinstance(scratch.pending().get(k), Entry)}
-
-        scratch.set_loader(load)
-        for member, (digest, meta) in entries.items():
-            if not member.startswith("@"):
-                scratch.set_pending(member, Entry.from_meta(digest, meta))
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            exec(compile(code, f"<nbrewind rebuild of {name}>", "exec"), scratch)
-        scratch.set_loader(None)
-        if not dict.__contains__(scratch, name):
-            raise NameError(f"re-running the cell that made {name!r} did not define it again")
-        return {name: dict.__getitem__(scratch, name)}
-
-    # -- restore, completion, magic -------------------------------------------------------
-
-    def restore(self, target: str) -> str:
-        """Make the namespace what it was after a recorded cell run (by execution count or cell id)."""
-        self.writer.flush()
-        runs = self.store.catalog.cell_runs()
-        if target.isdigit():
-            number = int(target)
-            mine = [r for r in runs if r.session == self.session_id and r.execution_count == number]
-            matches = mine or [r for r in runs if r.execution_count == number]
-        else:
-            matches = [r for r in runs if r.cell_id == target]
-        chosen = matches[-1] if matches else None
-        if chosen is None or chosen.checkpoint_id is None:
-            return f"no recorded cell run for {target!r}; see `jupyter nbrewind log`"
-        entries = {k: Entry.from_meta(d, m) for k, (d, m) in self.store.catalog.checkpoint_entries(chosen.checkpoint_id).items()}
-        current = self._user_names()
-        gone = [n for n in current if n not in entries]
-        self._apply(entries, [n for n in entries if entries[n].kind != UNSERIALIZABLE], gone)
-        self._checkpoint_id = chosen.checkpoint_id
-        missing = sorted(n for n, e in entries.items() if e.kind == UNSERIALIZABLE)
-        note = f"; not restorable: {', '.join(missing)}" if missing else ""
-        return f"restored the state after cell run #{chosen.id} (In [{chosen.execution_count}]): {len(entries)} names{note}"
-
-    def complete_pending(self, code: str, cursor_pos: int | None, reply: dict[str, Any]) -> dict[str, Any]:
-        """Add pending (replayed, not yet loaded) names to a completion reply."""
-        ns = self.namespace
-        if not isinstance(ns, LazyNamespace) or reply.get("status") != "ok":
-            return reply
-        pos = len(code) if cursor_pos is None else cursor_pos
-        start = pos
-        while start > 0 and (code[start - 1].isalnum() or code[start - 1] == "_"):
-            start -= 1
-        prefix = code[start:pos]
-        if not prefix or reply.get("cursor_start", start) != start:
-            return reply
-        extra = [n for n in ns.pending() if n.startswith(prefix) and n not in reply.get("matches", [])]
-        if extra:
-            reply = dict(reply)
-            reply["matches"] = sorted(set(reply.get("matches", [])) | set(extra))
-        return reply
-
     def magic(self, line: str) -> None:
         """`%nbrewind status|why|log|off|on|restore N`."""
         from nbrewind.session.magic import run_magic
@@ -786,55 +575,3 @@ class Session:
 
     def _abs(self, rel: str) -> str:
         return rel if os.path.isabs(rel) else str(self.start_dir / rel)
-
-
-class _FunctionView(Mapping[str, Any]):
-    """The namespace as transitive_reads sees it: pending values load only if they are functions."""
-
-    def __init__(self, session: Session) -> None:
-        self._session = session
-        self._ns = session.namespace
-
-    def __getitem__(self, name: str) -> Any:
-        ns = self._ns
-        if dict.__contains__(ns, name):
-            return dict.__getitem__(ns, name)
-        if isinstance(ns, LazyNamespace) and ns.is_pending(name):
-            entry = self._session.state.entries.get(name)
-            if _is_function_entry(entry):
-                return ns.materialize(name)
-        raise KeyError(name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(dict.keys(self._ns))
-
-    def __len__(self) -> int:
-        return dict.__len__(self._ns)
-
-
-def _is_function_entry(entry: Entry | None) -> bool:
-    return entry is not None and bool(entry.extra.get("callable"))
-
-
-def _env_key(value: str | None) -> str:
-    return ABSENT if value is None else digest_bytes(("env|" + value).encode())
-
-
-def _is_user_function(obj: Any) -> bool:
-    return getattr(obj, "__module__", None) == "__main__"
-
-
-def _status(reply: Mapping[str, Any]) -> str:
-    status = reply.get("status", "ok")
-    if status == "error" and reply.get("ename") in ("KeyboardInterrupt", "CancelledError"):
-        return "aborted"
-    return str(status)
-
-
-def _reply_record(reply: Mapping[str, Any]) -> dict[str, Any]:
-    keep = ("status", "ename", "evalue", "traceback", "payload")
-    return json.loads(json.dumps({k: reply[k] for k in keep if k in reply}, default=str))
-
-
-def digest_text(text: str) -> str:
-    return digest_bytes(text.encode())

@@ -1,0 +1,102 @@
+"""What the session keeps about one request, and the small rules shared by recording and replay."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nbrewind.analysis import CellEffects
+from nbrewind.checkpoint.namespace import LazyNamespace
+from nbrewind.session.state import Entry
+from nbrewind.store.catalog import CellRun
+from nbrewind.store.digest import digest_bytes
+
+Emit = Callable[[str, dict[str, Any], dict[str, Any], list[bytes]], None]
+ABSENT = "absent"
+
+
+@dataclass
+class CellPlan:
+    """What the session decided for one execute_request, and what it saw before the cell ran."""
+
+    record: bool
+    replay: bool = False
+    code: str = ""
+    transformed: str = ""
+    code_digest: str = ""
+    cell_id: str | None = None
+    msg_id: str | None = None
+    effects: CellEffects | None = None
+    reads: set[str] = field(default_factory=set)
+    inputs: dict[str, str] = field(default_factory=dict)
+    match: CellRun | None = None
+    reason: str = ""
+    started: float = 0.0
+    rng_before: dict[str, str] = field(default_factory=dict)
+    env_before: dict[str, str] = field(default_factory=dict)
+    cwd_before: str = ""
+    tracking: contextlib.ExitStack | None = None
+    seeded: dict[str, bool] = field(default_factory=dict)
+
+
+@dataclass
+class LastCell:
+    """The most recent decision, for `%nbrewind why` and `status`."""
+
+    execution_count: int
+    decision: str
+    reason: str
+    seconds: float = 0.0
+    bytes_written: int = 0
+    checkpoint_seconds: float = 0.0
+    cell_run_id: int | None = None
+
+
+class FunctionView(Mapping[str, Any]):
+    """The namespace as transitive_reads sees it: pending values load only if they are functions."""
+
+    def __init__(self, namespace: dict[str, Any], entries: Mapping[str, Entry]) -> None:
+        self._ns = namespace
+        self._entries = entries
+
+    def __getitem__(self, name: str) -> Any:
+        ns = self._ns
+        if dict.__contains__(ns, name):
+            return dict.__getitem__(ns, name)
+        if isinstance(ns, LazyNamespace) and ns.is_pending(name):
+            if is_function_entry(self._entries.get(name)):
+                return ns.materialize(name)
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.keys(self._ns))
+
+    def __len__(self) -> int:
+        return dict.__len__(self._ns)
+
+
+def is_function_entry(entry: Entry | None) -> bool:
+    return entry is not None and bool(entry.extra.get("callable"))
+
+
+def env_key(value: str | None) -> str:
+    return ABSENT if value is None else digest_bytes(("env|" + value).encode())
+
+
+def is_user_function(obj: Any) -> bool:
+    return getattr(obj, "__module__", None) == "__main__"
+
+
+def run_status(reply: Mapping[str, Any]) -> str:
+    status = reply.get("status", "ok")
+    if status == "error" and reply.get("ename") in ("KeyboardInterrupt", "CancelledError"):
+        return "aborted"
+    return str(status)
+
+
+def reply_record(reply: Mapping[str, Any]) -> dict[str, Any]:
+    keep = ("status", "ename", "evalue", "traceback", "payload")
+    return json.loads(json.dumps({k: reply[k] for k in keep if k in reply}, default=str))
