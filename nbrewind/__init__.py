@@ -24,7 +24,7 @@ from typing import Any
 from nbrewind import checkpoint as _checkpoint_package
 from nbrewind._version import __version__
 
-__all__ = ["__version__", "checkpoint", "prioritize", "publish", "published", "resume"]
+__all__ = ["__version__", "checkpoint", "impure", "prioritize", "publish", "published", "resume"]
 
 
 class _CallableCheckpointPackage(ModuleType):
@@ -51,6 +51,7 @@ _checkpoint_package.__class__ = _CallableCheckpointPackage
 checkpoint = _checkpoint_package
 
 _LAZY = {
+    "impure": "nbrewind.tasks.cache",
     "prioritize": "nbrewind.tasks.priority",
     "resume": "nbrewind.tasks.resume",
     "publish": "nbrewind.tasks.resume",
