@@ -136,7 +136,9 @@ def test_interrupting_a_long_cell_keeps_the_store_consistent(tmp_path: Path) -> 
     km, kc = start_new_kernel(kernel_name="nbrewind-audit", cwd=str(tmp_path), env=env)
     try:
         _execute(kc, "import numpy as np\na = np.random.default_rng(0).random(2_000_000)")
-        msg_id = kc.execute("import time\nwhile True:\n    time.sleep(0.05)")
+        # stop_on_error=False: otherwise the kernel may abort the next request, which
+        # would arrive inside its abort window right after the interrupted reply.
+        msg_id = kc.execute("import time\nwhile True:\n    time.sleep(0.05)", stop_on_error=False)
         time.sleep(1.0)
         km.interrupt_kernel()
         reply = kc.get_shell_msg(timeout=30)
