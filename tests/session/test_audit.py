@@ -251,3 +251,28 @@ def test_mutating_a_value_while_its_checkpoint_is_written_never_stores_a_wrong_v
     runner.new_kernel("repeat")
     runner.session.restore(str(last.execution_count))
     np.testing.assert_array_equal(runner.ns["a"], expected)
+
+
+def test_keyboard_interrupt_during_checkpointing_leaves_the_store_consistent(
+    runner: Runner, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Fault injection: Ctrl-C cannot be timed into the checkpoint here, so staging raises it."""
+    from nbrewind.session import state as state_module
+
+    runner.run(["import numpy as np", "a = np.ones(10)"])
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(state_module, "stage_group", interrupted)
+        outcome = runner.cell("b = np.arange(100_000.0)")
+    assert outcome.success
+    assert "interrupted" in capsys.readouterr().err
+    runner.cell("c = 1")
+    runner.flush()
+    with Store.open(runner.store) as store:
+        assert verify_store(store).ok
+        runs = store.catalog.cell_runs()
+        assert [r.code for r in runs][-1] == "c = 1"
+        assert "b" in store.catalog.checkpoint_entries(runs[-1].checkpoint_id)
