@@ -20,9 +20,10 @@ Decisions worth knowing:
   whitespace and docstring (``co_consts[0]`` when no instruction loads it: the
   compiler keeps that slot for the docstring, or None). Renaming a notebook function or editing its docstring keeps its
   cached results; code reading ``__doc__`` is not tracked.
-- A function's globals are looked up by every name in ``co_names`` (of it and
-  its nested code): attribute names that collide with a global are included,
-  which can only cause a needless recompute, never a wrong hit.
+- A function's globals are the names its code (and its nested code) loads as
+  globals (LOAD_GLOBAL, LOAD_NAME and the global stores): an attribute name such
+  as ``path`` in ``os.path.basename`` is not mistaken for the notebook's global
+  ``path``.
 - Strings are checked for naming a local file only when they contain a ``/``,
   ``os.sep`` or ``.`` (a bare ``"data"`` is not stat'ed), and only when they
   pass through this encoder: strings inside objects that are pickled (library
@@ -184,6 +185,16 @@ class _HashingPickler:
         return h.digest()
 
 
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL", "STORE_NAME", "DELETE_NAME"})
+
+
+def _global_loads(code: types.CodeType) -> list[str]:
+    """Names ``code`` itself looks up or binds as globals, in first-use order (not attribute names)."""
+    import dis
+
+    return list(dict.fromkeys(str(i.argval) for i in dis.get_instructions(code) if i.opname in _GLOBAL_OPS))
+
+
 class Fingerprinter:
     """Computes task fingerprints, keeping memo tables between and within runs.
 
@@ -195,7 +206,7 @@ class Fingerprinter:
     """
 
     def __init__(self) -> None:
-        self._code_cache: dict[int, tuple[types.CodeType, bytes, tuple[str, ...], tuple[str, ...]]] = {}
+        self._code_cache: dict[int, tuple[types.CodeType, bytes, tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {}
         self._modver: dict[str, bytes | None] = {}
         self._dist_versions: dict[str, bytes] = {}
         self._file_cache: dict[tuple[Any, ...], bytes] = {}
@@ -858,7 +869,7 @@ class Fingerprinter:
             self._enc(value, out)
 
     def _user_function(self, fn: types.FunctionType, out: list[bytes]) -> None:
-        tok, gnames, strs = self._code_info(fn.__code__)
+        tok, gnames, strs, anames = self._code_info(fn.__code__)
         out.append(b"U" + tok)
         self._enc((fn.__defaults__, fn.__kwdefaults__), out)
         self._enc_closure(fn, out)
@@ -873,7 +884,7 @@ class Fingerprinter:
                 # A user module: what this code reads from it, by the names it uses.
                 out.append(b"um" + _name(value.__name__))
                 attrs = value.__dict__
-                for attr in gnames:
+                for attr in anames:
                     if attr in attrs:
                         out.append(_name(attr))
                         self._enc(attrs[attr], out)
@@ -882,31 +893,34 @@ class Fingerprinter:
         for s in strs:
             self._enc_str(s, out)
 
-    def _code_info(self, code: types.CodeType) -> tuple[bytes, tuple[str, ...], tuple[str, ...]]:
-        """(digest of the code's own content, names it may read as globals, its string constants).
+    def _code_info(self, code: types.CodeType) -> tuple[bytes, tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        """(digest of the code's own content, names it reads as globals, its string constants,
+        every name it uses, attributes included: what it may read from a user module).
 
         Cached per code object for the Fingerprinter's life: code objects are immutable.
         """
         hit = self._code_cache.get(id(code))
         if hit is not None and hit[0] is code:
-            return hit[1], hit[2], hit[3]
+            return hit[1], hit[2], hit[3], hit[4]
         out = [b"%d,%d,%d,%d;" % (code.co_argcount, code.co_posonlyargcount,
                                   code.co_kwonlyargcount, code.co_flags)]
         out.append(b"%d:" % len(code.co_code) + code.co_code)
         consts = code.co_consts
         # Slot 0 holds the docstring, or None when there is none; unless code reads it, it is no computation.
         docstring = bool(consts) and (consts[0] is None or type(consts[0]) is str) and not _loads_const_zero(code)
-        names = list(code.co_names)
+        names = _global_loads(code)
+        used = list(code.co_names)
         strs: list[str] = []
         plain = self._plain_const
         for i, c in enumerate(consts):
             if i == 0 and docstring:
                 out.append(b"doc")
             elif type(c) is types.CodeType:
-                tok, gn, ss = self._code_info(c)
+                tok, gn, ss, un = self._code_info(c)
                 out.append(b"C" + tok)
                 names.extend(gn)
                 strs.extend(ss)
+                used.extend(un)
             else:
                 plain(c, out)
                 if type(c) is str:
@@ -918,8 +932,9 @@ class Fingerprinter:
         tok = _digest(b"".join(out))
         gnames = tuple(dict.fromkeys(names))
         strs_t = tuple(dict.fromkeys(strs))
-        self._code_cache[id(code)] = (code, tok, gnames, strs_t)
-        return tok, gnames, strs_t
+        used_t = tuple(dict.fromkeys(used))
+        self._code_cache[id(code)] = (code, tok, gnames, strs_t, used_t)
+        return tok, gnames, strs_t, used_t
 
     def _plain_const(self, c: object, out: list[bytes]) -> None:
         """Encode a code constant without file checks (code digests are cached across runs)."""

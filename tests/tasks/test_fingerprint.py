@@ -378,3 +378,13 @@ def test_delayed_chain_output_fingerprint_independent_of_fusion() -> None:
     assert len(fused_graph) < len(dict(out.__dask_graph__()))
     assert (Fingerprinter().fingerprint_graph(fused_graph)[fused.key]
             == Fingerprinter().fingerprint_graph(dict(out.__dask_graph__()))[out.key])
+
+
+def test_an_attribute_name_is_not_mistaken_for_a_global() -> None:
+    """`os.path.basename` uses the attribute name `path`; the notebook's global `path` is no input."""
+    source = "import os\npath = 'a'\ndef base(p):\n    return os.path.basename(p)\n"
+    first = notebook(source)["base"]
+    second = notebook(source.replace("path = 'a'", "path = 'b'"))["base"]
+    assert fn_fp(first) == fn_fp(second)
+    reads_global = "path = 'a'\ndef base(p):\n    return path + p\n"
+    assert fn_fp(notebook(reads_global)["base"]) != fn_fp(notebook(reads_global.replace("'a'", "'b'"))["base"])
