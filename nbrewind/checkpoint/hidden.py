@@ -9,6 +9,7 @@ directory.  Each piece here is small: a digest or snapshot function, and a
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import stat
@@ -29,6 +30,7 @@ __all__ = [
     "env_diff",
     "env_snapshot",
     "file_digest",
+    "isolating_background_draws",
     "restore_rng",
     "rng_states",
 ]
@@ -109,8 +111,12 @@ def _audit_hook(event: str, args: tuple[Any, ...]) -> None:
         path, mode, flags = args
         if isinstance(path, int):  # open(fd): no path to track
             return
+        if isinstance(flags, int) and flags & getattr(os, "O_DIRECTORY", 0):
+            return  # a directory (O_TMPFILE makes an unnamed file in it): no file content to track
         absolute = os.path.abspath(os.fsdecode(path))
         reads, writes = _access(mode, flags)
+        if writes and os.path.isdir(absolute):
+            return  # io.open(dir, "w+", opener=...) as tempfile does for O_TMPFILE
         thread = threading.get_ident()
         for tracker in _active:
             tracker._record(absolute, reads, writes, thread)
@@ -340,3 +346,47 @@ def watching_seeds() -> Iterator[dict[str, bool]]:
     finally:
         for module, attr, original in reversed(patched):
             setattr(module, attr, original)
+
+
+_RANDOM_STATE_FUNCTIONS = frozenset({"getstate", "setstate", "seed"})
+
+
+@contextlib.contextmanager
+def isolating_background_draws() -> Iterator[None]:
+    """While a cell runs, draws other threads make through ``random``'s module functions
+    come from a private generator instead of the global one.
+
+    Libraries keep threads that draw from ``random`` on their own schedule (distributed's
+    scheduler and heartbeats do); left alone, every cell run next to a cluster would look as
+    if it consumed the global RNG state, and never replay. Draws from the thread that runs
+    the cell, and draws through functions a library imported by name before the cell,
+    still use the global generator, so a cell that really consumes it is still seen to.
+    """
+    cell_thread = threading.get_ident()
+    private = random.Random()
+    patched: list[tuple[str, Any]] = []
+    for name in dir(random):
+        if name.startswith("_") or name in _RANDOM_STATE_FUNCTIONS:
+            continue
+        original = getattr(random, name)
+        if getattr(original, "__self__", None) is not random._inst:
+            continue
+        setattr(random, name, _routed(original, getattr(private, name), cell_thread))
+        patched.append((name, original))
+    try:
+        yield
+    finally:
+        for name, original in patched:
+            setattr(random, name, original)
+
+
+def _routed(shared: Any, own: Any, cell_thread: int) -> Any:
+    """`shared` when called from the cell's thread, else `own`."""
+
+    @functools.wraps(shared)
+    def routed(*args: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() == cell_thread:
+            return shared(*args, **kwargs)
+        return own(*args, **kwargs)
+
+    return routed

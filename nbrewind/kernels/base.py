@@ -64,7 +64,12 @@ class NbrewindKernel(IPythonKernel):
         msg_id = (parent.get("header") or {}).get("msg_id") if parent else None
         plan = self.nbrewind.begin(code, silent=silent, store_history=store_history, cell_id=cell_id, msg_id=msg_id)
         if plan.replay:
-            reply = self.nbrewind.replay(plan)
+            try:
+                reply = self.nbrewind.replay(plan)
+            except Exception as exc:  # the one boundary: never leave a request without a reply
+                print(f"NBRewind warning: the replay failed ({type(exc).__name__}: {exc}); running the cell.", file=sys.stderr)
+                plan = self.nbrewind.begin(code, silent=True)
+                reply = None
             if reply is not None:
                 if user_expressions and reply.get("status") == "ok" and self.shell is not None:
                     reply["user_expressions"] = self.shell.user_expressions(user_expressions)

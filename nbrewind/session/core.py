@@ -307,6 +307,10 @@ class Session(RestoreMixin):
 
     def _start_run(self, plan: CellPlan) -> None:
         self._apply_pending_rng()
+        try:
+            self._rebuild_pending_clients()
+        except Exception as exc:
+            self._warn("could not bring back the Dask client a replayed cell made", exc)
         plan.started = time.perf_counter()
         plan.rng_before = hidden.rng_states()
         plan.env_before = hidden.env_snapshot()
@@ -318,6 +322,7 @@ class Session(RestoreMixin):
         self._files.clear()
         stack.enter_context(self._files.tracking())
         plan.seeded = stack.enter_context(hidden.watching_seeds())
+        stack.enter_context(hidden.isolating_background_draws())
         plan.tracking = stack
 
     # -- after a cell ran -----------------------------------------------------------
@@ -390,6 +395,8 @@ class Session(RestoreMixin):
             inputs[f"@file:{self._rel(path)}"] = found or ABSENT
         for path in sorted(self._files.writes):
             rel = self._rel(path)
+            if os.path.isdir(path):
+                continue
             if os.path.isfile(path):
                 blob = objects.stage_blob(Path(path).read_bytes())
                 staged.append(blob)
@@ -507,17 +514,19 @@ class Session(RestoreMixin):
             if run.outputs:
                 children, payload = self.store.objects.get_tree(run.outputs)
                 outputs = decode_outputs(payload, [bytes(self.store.objects.get_blob(c)) for c in children])
+            started = time.perf_counter()
+            # State first, outputs second: if binding fails, nothing was shown and the cell
+            # simply runs (recomputing the names it writes).
+            self._apply(entries, run.writes or [], run.deletes or [])
         except Exception as exc:
             self._warn(f"could not replay cell run #{run.id}; running the cell instead", exc)
             plan.replay = False
             self._start_run(plan)
             return None
-        started = time.perf_counter()
         count = int(self.shell.execution_count)
         for message in outputs:
             m = for_replay(message, count)
             self.emit(m.msg_type, m.content, m.metadata, m.buffers)
-        self._apply(entries, run.writes or [], run.deletes or [])
         self._advance_history(plan.code, count)
         duration = time.perf_counter() - started
         self.last = LastCell(count, "replayed", plan.reason, duration, 0, 0.0)

@@ -41,6 +41,20 @@ class RestoreMixin:
         def _user_names(self) -> set[str]: ...
         def _abs(self, rel: str) -> str: ...
 
+    def _rebuild_pending_clients(self) -> None:
+        """Before a cell runs, bring back the Dask clients replayed cells made.
+
+        Creating a Client makes it the default scheduler; without it, a cell that
+        calls `.compute()` would silently run on local threads instead of the cluster.
+        """
+        ns = self.namespace
+        if not isinstance(ns, LazyNamespace):
+            return
+        for name, token in ns.pending().items():
+            kind = token.extra.get("type", "") if isinstance(token, Entry) and token.kind == UNSERIALIZABLE else ""
+            if kind.startswith("distributed.") and kind.endswith("Client") and ns.is_pending(name):
+                ns.materialize(name)
+
     def _apply_pending_rng(self) -> None:
         for which, entry in list(self._pending_rng.items()):
             state = load_group(self.state.objects, entry.digest)["state"]
@@ -99,6 +113,8 @@ class RestoreMixin:
             self._pending_rng[entry.extra["rng"]] = entry
         elif what == "file":
             path = Path(self._abs(entry.extra["path"]))
+            if path.is_dir():
+                return  # never a file we recorded; leave directories alone
             if entry.extra.get("deleted"):
                 path.unlink(missing_ok=True)
             elif hidden.file_digest(path) != entry.key:
@@ -123,7 +139,8 @@ class RestoreMixin:
         self.writer.flush()  # the value may have been staged by this kernel moments ago
         if entry.kind == UNSERIALIZABLE:
             values = self._rebuild(name, entry)
-            self.state.remember(name, values[name])
+            for member, value in values.items():
+                self.state.remember(member, value)
             return values
         try:
             values = self.state.load(entry)
@@ -146,8 +163,10 @@ class RestoreMixin:
 
         The cell runs in a scratch namespace holding the state from just before
         it originally ran (loaded lazily, so only what it reads is loaded; values
-        it reads that could not be stored are rebuilt the same way). Only
-        `name` is taken from the scratch namespace.
+        it reads that could not be stored are rebuilt the same way). `name` is
+        taken from the scratch namespace, and so is every other pending value the
+        same cell run made (a cluster and its client come back together, from
+        one re-run).
         """
         self.writer.flush()
         record = load_json(self.state.objects, entry.digest)
@@ -179,8 +198,17 @@ class RestoreMixin:
         scratch.set_loader(None)
         if not dict.__contains__(scratch, name):
             raise NameError(f"re-running the cell that made {name!r} did not define it again")
-        return {name: dict.__getitem__(scratch, name)}
-
+        made = {name: dict.__getitem__(scratch, name)}
+        ns = self.namespace
+        if isinstance(ns, LazyNamespace):
+            for other, token in ns.pending().items():
+                if other in made or not dict.__contains__(scratch, other):
+                    continue
+                if isinstance(token, Entry) and token.kind == UNSERIALIZABLE:
+                    twin = load_json(self.state.objects, token.digest)
+                    if twin.get("code") == code and twin.get("parent_entries") == parent:
+                        made[other] = dict.__getitem__(scratch, other)
+        return made
 
     def restore(self, target: str) -> str:
         """Make the namespace what it was after a recorded cell run (by execution count or cell id)."""

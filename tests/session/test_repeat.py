@@ -194,3 +194,29 @@ def test_cells_with_magics_always_run(runner: Runner) -> None:
     runner.run(cells)
     out = runner.run(cells, "repeat")
     assert decisions(out) == ["E", "R"] and "magics" in out[0].reason
+
+
+@pytest.mark.cluster
+def test_a_replayed_dask_client_is_back_before_the_next_cell_runs(runner: Runner) -> None:
+    """A cell that makes a cluster and its client replays; the next executed cell finds the
+    default client again (so `.compute()` goes to the cluster), and cluster and client come
+    from one re-run of their cell."""
+    cells = [
+        "from distributed import Client, LocalCluster",
+        "cluster = LocalCluster(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=':0')\nclient = Client(cluster)",
+        "x = 1",
+    ]
+    runner.run(cells)
+    runner.ns["client"].close()
+    runner.ns["cluster"].close()
+    out = runner.run(cells, "repeat")
+    assert decisions(out) == ["R", "R", "R"]
+    assert runner.ns.is_pending("client") and runner.ns.is_pending("cluster")
+    try:
+        outcome = runner.cell("import distributed\nsame = distributed.default_client() is client and client.cluster is cluster")
+        assert outcome.decision == "executed" and runner.ns["same"] is True
+    finally:
+        for name in ("client", "cluster"):
+            value = dict.get(runner.ns, name)
+            if value is not None:
+                value.close()
