@@ -1,0 +1,662 @@
+"""The domain-notebook benchmark: plain python3 vs audit vs repeat, unmodified and edited.
+
+Run: `python -m benchmarks.run [--quick] [--only NAME] [--rounds N] [--json OUT] [--plots DIR]`.
+
+For each notebook of `benchmarks/scenarios.py` (written by `notebooks/make_notebooks.py`),
+in one run and in a scratch folder:
+
+1. a plain ``python3`` kernel run (the baseline and the reference outputs);
+2. an ``nbrewind-audit`` run into a fresh store;
+3. an ``nbrewind-repeat`` run of the unmodified notebook;
+4. for each edit scenario, on a copy of the audited folder (notebook, data, store):
+   the edited notebook on ``nbrewind-repeat`` and fresh on ``python3``.
+
+Every repeat's outputs must equal the matching python3 outputs after normalizing only
+what legitimately differs (NBRewind's own stderr notes, memory addresses, dashboard
+links, timestamps of log lines); a scenario whose expected task-miss count is known
+must recompute exactly that many tasks. Any difference is a failure: the exit status
+is 1 and the JSON lists it.
+
+Times are summed per-cell times (nbclient's execute_input -> execute_reply span), so
+kernel start-up is excluded, as in `benchmarks/bench_kernels.py`; medians over rounds.
+Without ``--quick`` the first round also runs, for analysis only, the edited notebook
+on a fresh audit store (every task's fingerprint and duration, to estimate the
+invalidated work and the expected unchanged fraction) and a python3 pass that
+pickles the whole namespace after every cell (the naive store's bytes). See
+`docs/benchmarks.md`, "Domain notebooks", for the definitions.
+
+``--quick`` runs every notebook at a tiny scale, one round, no analysis runs: the
+correctness check CI runs (`tests/test_benchmark_harness.py`); its times mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.scenarios import NOTEBOOKS, NotebookSpec, Scenario, apply_edits, spec
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK_DIR = ROOT / "notebooks"
+DEFAULT_JSON = ROOT / "docs" / "images" / "domain-notebooks.json"
+
+# The published evaluation's means, drawn as reference rows beside ours.
+PUBLISHED = {
+    "audit_overhead_pct": 18.0,
+    "unmodified_speedup": 18.4,
+    "modified_speedup": 2.08,
+    "hit_rate_pct": 75.1,
+    "storage_saving_pct": 27.3,
+}
+GOALS = {
+    "audit_overhead_median_pct": 3.0,
+    "audit_overhead_max_pct": 10.0,
+    "unmodified_speedup_median": 100.0,
+    "modified_fraction_of_ideal": 0.90,
+    "storage_saving_pct": 60.0,
+}
+
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+_DASHBOARD = re.compile(r"https?://[\w.\-]+:\d+/\S*")
+_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ - ")
+
+
+# -- notebooks ---------------------------------------------------------------------------
+
+
+def code_cells(path: Path) -> list[str]:
+    """The sources of a notebook's code cells."""
+    import nbformat
+
+    return [c.source for c in nbformat.read(str(path), as_version=4).cells if c.cell_type == "code"]
+
+
+def write_variant(source: Path, target: Path, scale: float, edits: tuple[tuple[str, str], ...] = ()) -> None:
+    """Write `source` to `target` with `SCALE = scale` in its first cell and `edits` applied."""
+    import nbformat
+
+    nb = nbformat.read(str(source), as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "code"]
+    if "SCALE = 1.0" not in cells[0].source:
+        raise ValueError(f"{source.name}: the first code cell must set SCALE = 1.0")
+    cells[0].source = cells[0].source.replace("SCALE = 1.0", f"SCALE = {scale!r}")
+    for cell, new in zip(cells, apply_edits([c.source for c in cells], edits)):
+        cell.source = new
+    nbformat.write(nb, str(target))
+
+
+def normalized_outputs(path: Path) -> list[list[Any]]:
+    """Per code cell, its outputs with only the legitimately varying parts normalized."""
+    import nbformat
+
+    out = []
+    for cell in nbformat.read(str(path), as_version=4).cells:
+        if cell.cell_type != "code":
+            continue
+        items: list[Any] = []
+        for o in cell.outputs:
+            kind = o.output_type
+            if kind == "stream":
+                text = o.text
+                if o.name == "stderr":
+                    lines = [ln for ln in text.splitlines(True) if not ln.startswith("NBRewind:") and not _LOG_LINE.match(ln)]
+                    text = "".join(lines)
+                if text:
+                    items.append(["stream", o.name, _normalize_text(text)])
+            elif kind in ("execute_result", "display_data"):
+                data = {mime: _normalize_text(v) if isinstance(v, str) and mime.startswith("text/") else v for mime, v in o.data.items()}
+                items.append([kind, data])
+            elif kind == "error":
+                items.append(["error", o.ename, _normalize_text(o.evalue)])
+        merged: list[Any] = []
+        for item in items:  # a stream may arrive in several messages: compare the concatenation
+            if merged and item[0] == "stream" and merged[-1][0] == "stream" and merged[-1][1] == item[1]:
+                merged[-1] = ["stream", item[1], merged[-1][2] + item[2]]
+            else:
+                merged.append(item)
+        out.append(merged)
+    return out
+
+
+def _normalize_text(text: str) -> str:
+    return _DASHBOARD.sub("<dashboard>", _ADDRESS.sub("0x?", text))
+
+
+def compare_outputs(fresh: Path, other: Path) -> list[str]:
+    """Human-readable differences between two executed notebooks' normalized outputs."""
+    a, b = normalized_outputs(fresh), normalized_outputs(other)
+    if len(a) != len(b):
+        return [f"{len(a)} code cells vs {len(b)}"]
+    problems = []
+    for i, (x, y) in enumerate(zip(a, b), start=1):
+        if x != y:
+            problems.append(f"cell {i}: fresh {json.dumps(x)[:300]} != {json.dumps(y)[:300]}")
+    return problems
+
+
+# -- runs --------------------------------------------------------------------------------
+
+
+@contextmanager
+def dask_scratch(folder: Path) -> Iterator[dict[str, str]]:
+    """Environment for one kernel run with its own Dask scratch directory, removed afterwards.
+
+    Works around an NBRewind bug (see docs/benchmarks.md): the audit records
+    distributed's workspace probe (`tempfile.TemporaryFile(dir=scratch)`, an
+    O_TMPFILE open of the directory) as a file that was written and deleted, and a
+    replay then calls `unlink()` on the directory if it exists.
+    """
+    scratch = folder / f"dask-scratch-{time.monotonic_ns()}"
+    for old in folder.glob("dask-scratch-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    try:
+        yield dict(os.environ, DASK_TEMPORARY_DIRECTORY=str(scratch))
+    finally:
+        for old in folder.glob("dask-scratch-*"):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def run(nb: Path, kernel: str, scratch_root: Path, store: Path | None = None) -> dict[str, Any]:
+    """Run `nb` on `kernel`; the executed copy is written beside it as `<stem>.<kernel>.out.ipynb`."""
+    from nbrewind.run import run_notebook
+
+    output = nb.with_name(f"{nb.stem}.{kernel}.out.ipynb")
+    with dask_scratch(scratch_root) as env:
+        result = run_notebook(nb, kernel=kernel, store=store, output=output, env=env, timeout=900)
+    return {"seconds": sum(result.cell_seconds), "cells": result.cell_seconds, "wall": result.seconds, "output": str(output)}
+
+
+def session_log(store: Path) -> list[dict[str, Any]]:
+    """The newest kernel session's cell runs: decision, reason, duration, task hits and misses."""
+    from nbrewind.store import Store
+    from nbrewind.store.report import cell_log
+
+    with Store.open(store, create=False) as opened:
+        return [
+            {"decision": r.decision, "reason": r.reason, "duration": r.duration, "hits": r.task_hits, "misses": r.task_misses}
+            for r in cell_log(opened, last_session=True)
+        ]
+
+
+def task_fingerprints(store: Path) -> dict[int, list[tuple[str, float]]]:
+    """Per cell position (1-based, newest session) the tasks its run logged: (fingerprint, seconds)."""
+    from nbrewind.store import Store
+
+    with Store.open(store, create=False) as opened:
+        runs = opened.catalog.cell_runs()
+        newest = runs[-1].session if runs else None
+        position = {r.id: i for i, r in enumerate((r for r in runs if r.session == newest), start=1)}
+        out: dict[int, list[tuple[str, float]]] = {}
+        for entry in opened.catalog.task_log():
+            if entry.cell_run_id in position:
+                out.setdefault(position[entry.cell_run_id], []).append((entry.fingerprint, float(entry.duration or 0.0)))
+        return out
+
+
+def all_fingerprints(store: Path) -> set[str]:
+    """Every task fingerprint with a stored result in `store`."""
+    from nbrewind.store import Store
+
+    with Store.open(store, create=False) as opened:
+        return {e.fingerprint for e in opened.catalog.task_log()}
+
+
+def task_result_bytes(store: Path) -> int:
+    """Bytes of the Dask task results the store logged (as the workers measured them)."""
+    from nbrewind.store import Store
+
+    with Store.open(store, create=False) as opened:
+        return sum(int(e.nbytes or 0) for e in opened.catalog.task_log() if not e.hit)
+
+
+def stored_bytes(store: Path) -> int:
+    """Bytes the store occupies on disk (objects after compression and deduplication)."""
+    from nbrewind.store import Store, du
+
+    with Store.open(store, create=False) as opened:
+        return du(opened).stored_bytes
+
+
+NAIVE_CELL = """\
+import pickle as _nv_pickle, types as _nv_types
+_nv_bytes = globals().get("_nv_bytes", 0)
+for _nv_k, _nv_v in list(globals().items()):
+    if _nv_k.startswith("_") or _nv_k in ("In", "Out", "exit", "quit", "get_ipython") or isinstance(_nv_v, _nv_types.ModuleType):
+        continue
+    try:
+        _nv_bytes += len(_nv_pickle.dumps(_nv_v, protocol=5))
+    except Exception:
+        pass
+print("NAIVE", _nv_bytes)"""
+
+
+def naive_bytes(nb: Path, scratch_root: Path) -> int:
+    """Bytes of pickling the whole user namespace after every cell (what a naive checkpointer stores)."""
+    import nbformat
+    import nbformat.v4 as v4
+
+    book = nbformat.read(str(nb), as_version=4)
+    cells = []
+    for cell in book.cells:
+        cells.append(cell)
+        if cell.cell_type == "code":
+            cells.append(v4.new_code_cell(NAIVE_CELL))
+    book.cells = cells
+    target = nb.with_name(nb.stem + "-naive.ipynb")
+    nbformat.write(book, str(target))
+    done = run(target, "python3", scratch_root)
+    last = [c for c in nbformat.read(done["output"], as_version=4).cells if c.cell_type == "code"][-1]
+    text = "".join(o.get("text", "") for o in last.outputs)
+    return int(re.findall(r"NAIVE (\d+)", text)[-1])
+
+
+# -- one notebook ------------------------------------------------------------------------
+
+
+@dataclass
+class NotebookResult:
+    """Everything measured for one notebook, over all rounds."""
+
+    name: str
+    scale: float
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    analysis: dict[str, Any] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+
+def one_round(item: NotebookSpec, work: Path, scale: float, analyse: bool, failures: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One round of every run for one notebook in `work`; appends correctness failures."""
+    source = NOTEBOOK_DIR / f"{item.name}.ipynb"
+    base, rec = work / "base", work / "rec"
+    base.mkdir(parents=True)
+    rec.mkdir()
+    write_variant(source, base / f"{item.name}.ipynb", scale)
+    write_variant(source, rec / f"{item.name}.ipynb", scale)
+    store = rec / f"{item.name}.ipynb.nbrewind"
+    out: dict[str, Any] = {"scenarios": {}}
+    analysis: dict[str, Any] = {"scenarios": {}}
+
+    out["python3"] = run(base / f"{item.name}.ipynb", "python3", work)
+    out["audit"] = run(rec / f"{item.name}.ipynb", "audit", work, store)
+    out["stored_bytes"] = stored_bytes(store)
+    out["task_result_bytes"] = task_result_bytes(store)
+    out["input_file_bytes"] = sum(f.stat().st_size for f in rec.glob("*-data/*") if f.is_file())
+    audited_fps = all_fingerprints(store)
+    out["audit_log"] = session_log(store)
+    out["repeat"] = run(rec / f"{item.name}.ipynb", "repeat", work, store)
+    out["repeat_log"] = session_log(store)
+    for what in ("audit", "repeat"):
+        for problem in compare_outputs(Path(out["python3"]["output"]), Path(out[what]["output"])):
+            failures.append(f"{item.name} unmodified {what}: {problem}")
+    if analyse:
+        analysis["naive_bytes"] = naive_bytes(base / f"{item.name}.ipynb", work)
+        analysis["audited_fingerprints"] = sorted(audited_fps)
+
+    for scenario in item.scenarios:
+        out["scenarios"][scenario.name], detail = run_scenario(item, scenario, work, rec, scale, analyse, audited_fps, failures)
+        if analyse:
+            analysis["scenarios"][scenario.name] = detail
+    return out, analysis
+
+
+def run_scenario(
+    item: NotebookSpec,
+    scenario: Scenario,
+    work: Path,
+    rec: Path,
+    scale: float,
+    analyse: bool,
+    audited_fps: set[str],
+    failures: list[str],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The edited notebook on repeat (over a copy of the audited folder) and fresh on python3."""
+    source = NOTEBOOK_DIR / f"{item.name}.ipynb"
+    folder, fresh = work / f"s-{scenario.name}", work / f"s-{scenario.name}-fresh"
+    shutil.copytree(rec, folder, ignore=shutil.ignore_patterns("*.out.ipynb"))
+    fresh.mkdir()
+    nb = folder / f"{item.name}.ipynb"
+    store = folder / f"{item.name}.ipynb.nbrewind"
+    write_variant(source, nb, scale, scenario.edits)
+    write_variant(source, fresh / nb.name, scale, scenario.edits)
+    res: dict[str, Any] = {}
+    res["repeat"] = run(nb, "repeat", work, store)
+    res["log"] = session_log(store)
+    res["fresh"] = run(fresh / nb.name, "python3", work)
+    hits = sum(r["hits"] for r in res["log"])
+    misses = sum(r["misses"] for r in res["log"])
+    res["hits"], res["misses"] = hits, misses
+    label = f"{item.name}/{scenario.name}"
+    for problem in compare_outputs(Path(res["fresh"]["output"]), Path(res["repeat"]["output"])):
+        failures.append(f"{label} repeat: {problem}")
+    if scenario.expected_misses is not None:
+        expected = scenario.expected_misses(scale)
+        res["expected_misses"] = expected
+        if misses != expected:
+            failures.append(f"{label}: the repeat recomputed {misses} tasks, expected exactly {expected}")
+    detail: dict[str, Any] = {}
+    if analyse:
+        faudit = work / f"s-{scenario.name}-faudit"
+        faudit.mkdir()
+        write_variant(source, faudit / nb.name, scale, scenario.edits)
+        fstore = faudit / f"{nb.name}.nbrewind"
+        detail["fresh_audit"] = run(faudit / nb.name, "audit", work, fstore)
+        detail["tasks"] = {str(k): v for k, v in task_fingerprints(fstore).items()}
+        detail["unchanged_tasks"] = sum(1 for v in detail["tasks"].values() for fp, _ in v if fp in audited_fps)
+        detail["total_tasks"] = sum(len(v) for v in detail["tasks"].values())
+    for path in (folder, fresh):
+        shutil.rmtree(path / f"{item.name}.ipynb.nbrewind", ignore_errors=True)
+    return res, detail
+
+
+def run_notebook_benchmark(item: NotebookSpec, rounds: int, quick: bool, keep: Path | None = None) -> NotebookResult:
+    """All rounds for one notebook; round one also does the analysis runs unless `quick`."""
+    scale = item.quick_scale if quick else item.full_scale
+    result = NotebookResult(item.name, scale)
+    for number in range(rounds):
+        with tempfile.TemporaryDirectory(prefix=f"nbrewind-{item.name}-") as tmp:
+            work = Path(tmp)
+            data, analysis = one_round(item, work, scale, analyse=(number == 0 and not quick), failures=result.failures)
+            result.rounds.append(data)
+            if number == 0:
+                result.analysis = analysis
+            if keep is not None:
+                shutil.copytree(work, keep / f"{item.name}-round{number}", ignore=shutil.ignore_patterns("*.nbrewind", "*-data", "dask-scratch-*"))
+    return result
+
+
+# -- figures -----------------------------------------------------------------------------
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def invalidated_seconds(fresh_cells: list[float], log: list[dict[str, Any]], tasks: dict[str, list[tuple[str, float]]], audited: set[str]) -> float:
+    """Estimated seconds of the work an edit invalidates (the denominator of the ideal speedup).
+
+    Over the cells the repeat kernel executed: a cell without Dask tasks counts its
+    whole fresh python3 time; a cell with tasks counts its fresh time times the share
+    of its task-seconds (fresh audit of the edited notebook) whose fingerprints were
+    not in the original audit's store.
+    """
+    total = 0.0
+    for position, (seconds, row) in enumerate(zip(fresh_cells, log), start=1):
+        if row["decision"] != "executed":
+            continue
+        cell_tasks = tasks.get(str(position), [])
+        all_s = sum(d for _, d in cell_tasks)
+        if not cell_tasks or all_s <= 0:
+            total += seconds
+            continue
+        total += seconds * sum(d for fp, d in cell_tasks if fp not in audited) / all_s
+    return total
+
+
+def summarize(result: NotebookResult, audited_fps: set[str] | None = None) -> dict[str, Any]:
+    """Medians over rounds of the five figures (and the per-scenario details)."""
+    r = result.rounds
+    plain = _median([x["python3"]["seconds"] for x in r])
+    audit = _median([x["audit"]["seconds"] for x in r])
+    repeat = _median([x["repeat"]["seconds"] for x in r])
+    summary: dict[str, Any] = {
+        "scale": result.scale,
+        "rounds": len(r),
+        "python3_s": plain,
+        "audit_s": audit,
+        "repeat_s": repeat,
+        "audit_overhead_pct": 100 * (audit - plain) / plain,
+        "unmodified_speedup": plain / max(repeat, 1e-9),
+        "unmodified_decisions": [row["decision"] for row in r[-1]["repeat_log"]],
+        "unmodified_reasons": [row["reason"] for row in r[-1]["repeat_log"]],
+        "stored_bytes": int(_median([x["stored_bytes"] for x in r])),
+        "task_result_bytes": int(_median([x["task_result_bytes"] for x in r])),
+        "input_file_bytes": int(_median([x["input_file_bytes"] for x in r])),
+        "scenarios": {},
+    }
+    naive = result.analysis.get("naive_bytes")
+    if naive:
+        summary["naive_bytes"] = naive
+        summary["storage_saving_pct"] = 100 * (1 - summary["stored_bytes"] / naive)
+    for name in r[0]["scenarios"]:
+        runs = [x["scenarios"][name] for x in r]
+        fresh = _median([s["fresh"]["seconds"] for s in runs])
+        rep = _median([s["repeat"]["seconds"] for s in runs])
+        row: dict[str, Any] = {
+            "fresh_s": fresh,
+            "repeat_s": rep,
+            "speedup": fresh / max(rep, 1e-9),
+            "hits": runs[-1]["hits"],
+            "misses": runs[-1]["misses"],
+            "expected_misses": runs[-1].get("expected_misses"),
+            "decisions": [row["decision"] for row in runs[-1]["log"]],
+        }
+        detail = result.analysis.get("scenarios", {}).get(name)
+        if detail and audited_fps is not None:
+            fresh_cells = [statistics.median(c) for c in zip(*[s["fresh"]["cells"] for s in runs])]
+            work = invalidated_seconds(fresh_cells, runs[-1]["log"], detail["tasks"], audited_fps)
+            row["invalidated_s"] = work
+            row["ideal_speedup"] = fresh / max(work, 1e-9)
+            row["fraction_of_ideal"] = row["speedup"] / row["ideal_speedup"]
+            total = detail["total_tasks"]
+            if total:
+                row["tasks_total"] = total
+                row["hit_rate_pct"] = 100 * (1 - row["misses"] / total)
+                row["expected_unchanged_pct"] = 100 * detail["unchanged_tasks"] / total
+        summary["scenarios"][name] = row
+    mods = list(summary["scenarios"].values())
+    summary["modified_speedup"] = _median([m["speedup"] for m in mods])
+    ideals = [m["ideal_speedup"] for m in mods if "ideal_speedup" in m]
+    if ideals:
+        summary["modified_ideal_speedup"] = _median(ideals)
+        summary["modified_fraction_of_ideal"] = _median([m["fraction_of_ideal"] for m in mods])
+    rates = [m for m in mods if "hit_rate_pct" in m]
+    if rates:
+        hit = sum(m["tasks_total"] * m["hit_rate_pct"] / 100 for m in rates)
+        exp = sum(m["tasks_total"] * m["expected_unchanged_pct"] / 100 for m in rates)
+        tot = sum(m["tasks_total"] for m in rates)
+        summary["hit_rate_pct"] = 100 * hit / tot
+        summary["expected_unchanged_pct"] = 100 * exp / tot
+    return summary
+
+
+def plot(summaries: dict[str, dict[str, Any]], folder: Path) -> list[Path]:
+    """One PNG per figure: a bar per notebook, our median, the published mean and the goal."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures = [
+        ("audit_overhead_pct", "audit overhead, %", PUBLISHED["audit_overhead_pct"], GOALS["audit_overhead_median_pct"], False),
+        ("unmodified_speedup", "unmodified repeat speedup, x", PUBLISHED["unmodified_speedup"], GOALS["unmodified_speedup_median"], True),
+        ("modified_speedup", "modified repeat speedup, x (ideal hatched)", PUBLISHED["modified_speedup"], None, True),
+        ("hit_rate_pct", "task hit rate, % (expected unchanged hatched)", PUBLISHED["hit_rate_pct"], None, False),
+        ("storage_saving_pct", "store bytes below naive pickles, %", PUBLISHED["storage_saving_pct"], GOALS["storage_saving_pct"], False),
+    ]
+    second = {"modified_speedup": "modified_ideal_speedup", "hit_rate_pct": "expected_unchanged_pct"}
+    written = []
+    fig, axes = plt.subplots(1, len(figures), figsize=(4.2 * len(figures), 3.6))
+    names = list(summaries)
+    for ax, (key, title, published, goal, log) in zip(axes, figures):
+        labels = [*names, "median", "published"]
+        ours = [summaries[n].get(key, float("nan")) for n in names]
+        vals = [*ours, _median([v for v in ours if v == v]), published]
+        colors = ["tab:blue"] * len(names) + ["tab:green", "tab:gray"]
+        x = range(len(labels))
+        ax.bar(x, vals, color=colors, width=0.6)
+        if key in second:
+            extra = [summaries[n].get(second[key], float("nan")) for n in names]
+            ax.bar(list(x)[: len(names)], extra, width=0.6, fill=False, hatch="//", edgecolor="k")
+        if goal is not None:
+            ax.axhline(goal, color="tab:red", linestyle="--", linewidth=1, label=f"goal {goal:g}")
+            ax.legend(fontsize=7)
+        if log:
+            ax.set_yscale("log")
+        if key == "storage_saving_pct":  # stores far above naive would flatten the chart: clip and label
+            ax.set_ylim(-150, 100)
+            for i, v in enumerate(vals):
+                if v == v and v < -150:
+                    ax.annotate(f"{v:,.0f}", (i, -150), ha="center", va="bottom", fontsize=7, rotation=90)
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path = folder / "domain-notebooks.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    written.append(path)
+    return written
+
+
+def markdown_table(summaries: dict[str, dict[str, Any]]) -> str:
+    """The results table for docs/benchmarks.md."""
+    def f(v: Any, fmt: str) -> str:
+        return format(v, fmt) if isinstance(v, (int, float)) and v == v else "-"
+
+    lines = [
+        "| notebook | python3 s | audit overhead | unmodified repeat | modified repeat (ideal) | hit rate (expected) | store vs naive |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, s in summaries.items():
+        store = f"{s['stored_bytes'] / 1e6:.1f} MB vs {s['naive_bytes'] / 1e6:.1f} MB ({-s['storage_saving_pct']:+.0f} %)" if "naive_bytes" in s else f"{s['stored_bytes'] / 1e6:.1f} MB"
+        store += f"; inputs {s['input_file_bytes'] / 1e6:.0f} MB, task results {s['task_result_bytes'] / 1e6:.0f} MB"
+        lines.append(
+            f"| {name} | {f(s['python3_s'], '.1f')} | {f(s['audit_overhead_pct'], '+.1f')} % | {f(s['unmodified_speedup'], '.1f')}x "
+            f"| {f(s['modified_speedup'], '.2f')}x ({f(s.get('modified_ideal_speedup'), '.1f')}x) "
+            f"| {f(s.get('hit_rate_pct'), '.1f')} % ({f(s.get('expected_unchanged_pct'), '.1f')} %) | {store} |"
+        )
+    lines.append(
+        f"| published mean | | +{PUBLISHED['audit_overhead_pct']:g} % | {PUBLISHED['unmodified_speedup']}x | {PUBLISHED['modified_speedup']}x | "
+        f"{PUBLISHED['hit_rate_pct']} % | -{PUBLISHED['storage_saving_pct']} % |"
+    )
+    return "\n".join(lines)
+
+
+def scenario_table(summaries: dict[str, dict[str, Any]]) -> str:
+    """Per scenario: times, speedup vs ideal, tasks recomputed vs expected."""
+    lines = ["| notebook / scenario | fresh s | repeat s | speedup | ideal | tasks hit / missed (expected misses) |", "|---|---|---|---|---|---|"]
+    for name, s in summaries.items():
+        for scen, m in s["scenarios"].items():
+            ideal = f"{m['ideal_speedup']:.1f}x" if "ideal_speedup" in m else "-"
+            exp = "" if m["expected_misses"] is None else f" ({m['expected_misses']})"
+            lines.append(f"| {name} / {scen} | {m['fresh_s']:.2f} | {m['repeat_s']:.2f} | {m['speedup']:.2f}x | {ideal} | {m['hits']} / {m['misses']}{exp} |")
+    return "\n".join(lines)
+
+
+# -- main --------------------------------------------------------------------------------
+
+
+def warm_up(folder: Path) -> None:
+    """One tiny python3 and audit run so imports and the page cache do not penalize round one."""
+    item = NOTEBOOKS[0]
+    nb = folder / "warm.ipynb"
+    write_variant(NOTEBOOK_DIR / f"{item.name}.ipynb", nb, item.quick_scale)
+    run(nb, "python3", folder)
+    run(nb, "audit", folder, folder / "warm.nbrewind")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; 0 when every check passed, 1 otherwise."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny scale, one round, no analysis runs: a correctness check")
+    parser.add_argument("--only", action="append", help="run only this notebook (repeatable)")
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds per notebook (default 2, 1 with --quick)")
+    parser.add_argument("--json", type=Path, default=None, help=f"results file (default {DEFAULT_JSON.relative_to(ROOT)}; with --quick none)")
+    parser.add_argument("--plots", type=Path, default=None, help="folder for the PNG (default docs/images; with --quick none)")
+    parser.add_argument("--jobs", type=int, default=None, help="notebooks benchmarked at once (default 1, 2 with --quick; keep 1 for timings)")
+    parser.add_argument("--keep", type=Path, default=None, help="copy the executed notebooks here for inspection")
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (1 if args.quick else 2)
+    chosen = [spec(n) for n in args.only] if args.only else list(NOTEBOOKS)
+    json_path = args.json or (None if args.quick else DEFAULT_JSON)
+    plots = args.plots or (None if args.quick else ROOT / "docs" / "images")
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    if not args.quick:
+        with tempfile.TemporaryDirectory(prefix="nbrewind-warm-") as tmp:
+            warm_up(Path(tmp))
+    results, summaries, failures = {}, {}, []
+    jobs = args.jobs or (2 if args.quick else 1)
+    for item, result, took in _each_result(chosen, rounds, args.quick, args.keep, jobs):
+        results[item.name] = result
+        failures.extend(result.failures)
+        audited = _audited_from(result)
+        summaries[item.name] = summarize(result, audited)
+        s = summaries[item.name]
+        print(
+            f"{item.name:>10}: python3 {s['python3_s']:.2f} s, audit {s['audit_overhead_pct']:+.1f} %, "
+            f"unmodified repeat {s['unmodified_speedup']:.1f}x, modified {s['modified_speedup']:.2f}x, "
+            f"{len(result.failures)} failures ({took:.0f} s)",
+            flush=True,
+        )
+        for problem in result.failures:
+            print(f"    FAIL {problem}", flush=True)
+    print(markdown_table(summaries))
+    print()
+    print(scenario_table(summaries))
+    report = {
+        "command": "python -m benchmarks.run" + (" --quick" if args.quick else "") + "".join(f" --only {n}" for n in args.only or []),
+        "quick": args.quick,
+        "rounds": rounds,
+        "seconds": time.perf_counter() - started,
+        "published": PUBLISHED,
+        "goals": GOALS,
+        "summary": summaries,
+        "failures": failures,
+        "raw": {name: {"scale": r.scale, "rounds": r.rounds, "analysis": r.analysis} for name, r in results.items()},
+    }
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=1, default=str))
+        print(f"wrote {json_path}")
+    if plots is not None:
+        plots.mkdir(parents=True, exist_ok=True)
+        for path in plot(summaries, plots):
+            print(f"wrote {path}")
+    print(f"{len(failures)} failures")
+    return 1 if failures else 0
+
+
+def _timed_benchmark(name: str, rounds: int, quick: bool, keep: Path | None) -> tuple[NotebookResult, float]:
+    started = time.perf_counter()
+    return run_notebook_benchmark(spec(name), rounds, quick, keep), time.perf_counter() - started
+
+
+def _each_result(
+    chosen: list[NotebookSpec], rounds: int, quick: bool, keep: Path | None, jobs: int
+) -> Iterator[tuple[NotebookSpec, NotebookResult, float]]:
+    """Benchmark each notebook, `jobs` at a time (in spawned processes), in the given order."""
+    if jobs <= 1:
+        for item in chosen:
+            yield (item, *_timed_benchmark(item.name, rounds, quick, keep))
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_timed_benchmark, item.name, rounds, quick, keep) for item in chosen]
+        for item, future in zip(chosen, futures):
+            yield (item, *future.result())
+
+
+def _audited_from(result: NotebookResult) -> set[str] | None:
+    """Fingerprints of the original audit, as recorded in round one's analysis (None without analysis)."""
+    fps = result.analysis.get("audited_fingerprints")
+    return set(fps) if fps is not None else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

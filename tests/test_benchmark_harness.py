@@ -1,0 +1,59 @@
+"""The domain-notebook harness in --quick mode, as CI runs it: a correctness test.
+
+Every notebook runs on python3, audit and repeat, and each edit scenario on repeat
+and fresh on python3; every repeat's outputs must equal the fresh outputs and every
+scenario with a known task-miss count (CTrend's "add 10 new stations" among them)
+must recompute exactly that many tasks. Times are not checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = [pytest.mark.kernel, pytest.mark.cluster]
+
+
+def _quick(tmp_path: Path) -> dict:
+    out = tmp_path / "quick.json"
+    env = dict(os.environ)
+    env.pop("NBREWIND_STORE", None)  # the harness gives every run its own store
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--json", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    report["returncode"] = proc.returncode
+    report["stdout"] = proc.stdout
+    return report
+
+
+@pytest.mark.timeout(290)
+def test_quick_harness_repeat_outputs_equal_fresh_outputs(tmp_path: Path) -> None:
+    report = _quick(tmp_path)
+    assert report["failures"] == [], "\n".join(report["failures"])
+    assert report["returncode"] == 0, report["stdout"][-3000:]
+    summary = report["summary"]
+    assert set(summary) == {"mapreduce", "dconv", "rag", "ctrend", "hep"}
+    for name, s in summary.items():
+        assert len(s["scenarios"]) >= 2, name
+        # The unmodified repeat replays the cluster cell instead of starting a cluster.
+        assert s["unmodified_decisions"][3] == "replayed", (name, s["unmodified_reasons"])
+        assert s["unmodified_decisions"][0] == "replayed", (name, s["unmodified_reasons"])
+    stations = summary["ctrend"]["scenarios"]["add-10-stations"]
+    assert stations["misses"] == 10 * 3 + 1  # the new stations' clean, anomalies, trend + the aggregation
+    assert stations["hits"] == 10  # the old stations' trends, loaded (their upstream culled)
+    # A late parameter change recomputes no task at all.
+    assert summary["ctrend"]["scenarios"]["threshold-0.3"]["misses"] == 0
