@@ -651,10 +651,14 @@ class Fingerprinter:
         out.append(b"ds" + _name(obj.__name__))
 
     def _memo_value(self, obj: object, out: list[bytes], tag: bytes,
-                    compute: Callable[[object], bytes]) -> None:
-        """Append tag + digest of ``obj``, computing it once per run per object."""
+                    compute: Callable[[object], bytes],
+                    memo: dict[int, tuple[object, bytes]] | None = None) -> None:
+        """Append tag + digest of ``obj``, computing it once per run per object (in ``memo``,
+        the value memo by default). Cycle-safe: a result that refers to a caller still on the
+        stack is only valid in this context and is not memoized."""
+        memo = self._val_memo if memo is None else memo
         i = id(obj)
-        hit = self._val_memo.get(i)
+        hit = memo.get(i)
         if hit is not None and hit[0] is obj:
             out.append(hit[1])
             return
@@ -668,7 +672,7 @@ class Fingerprinter:
             d = self._stack.pop(i)
             inner_low, self._low = self._low, min(low, self._low)
         if inner_low >= d:
-            self._val_memo[i] = (obj, tok)
+            memo[i] = (obj, tok)
         out.append(tok)
 
     def _enc_ndarray(self, obj: Any, out: list[bytes]) -> None:
@@ -806,26 +810,12 @@ class Fingerprinter:
     # ------------------------------------------------------------------ functions
 
     def _enc_callable(self, obj: Any, out: list[bytes]) -> None:
-        i = id(obj)
-        hit = self._fn_memo.get(i)
-        if hit is not None and hit[0] is obj:
-            out.append(hit[1])
-            return
-        if not self._enter(obj, out):
-            return
-        low = self._low
-        self._low = _INF
-        try:
-            sub: list[bytes] = []
-            self._callable_parts(obj, sub)
-            tok = b"f" + _digest(b"".join(sub))
-        finally:
-            d = self._stack.pop(i)
-            inner_low, self._low = self._low, min(low, self._low)
-        # A result that refers to a caller still on the stack is only valid in this context.
-        if inner_low >= d:
-            self._fn_memo[i] = (obj, tok)
-        out.append(tok)
+        self._memo_value(obj, out, b"f", self._callable_digest, self._fn_memo)
+
+    def _callable_digest(self, obj: object) -> bytes:
+        sub: list[bytes] = []
+        self._callable_parts(obj, sub)
+        return _digest(b"".join(sub))
 
     def _callable_parts(self, fn: Any, out: list[bytes]) -> None:
         t = type(fn)
