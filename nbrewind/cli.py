@@ -19,7 +19,6 @@ from typing import Any
 from nbrewind._version import __version__
 from nbrewind.errors import NbrewindError
 
-NOT_YET = 2
 
 
 def _json(value: Any) -> str:
@@ -242,11 +241,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     result = run_demo(args.dir, keep=args.keep)
     print(_json(result) if args.json else format_demo(result))
     return 0
-
-
-def cmd_not_yet(args: argparse.Namespace) -> int:
-    print(f"jupyter nbrewind {args.command}: not implemented yet (see README.md, Status)", file=sys.stderr)
-    return NOT_YET
 
 
 def build_parser() -> argparse.ArgumentParser:

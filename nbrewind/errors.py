@@ -54,9 +54,5 @@ class PackError(NbrewindError):
     """A backpack could not be built, read or verified."""
 
 
-class NotImplementedYet(NbrewindError):
-    """A command exists in the interface but its feature has not landed."""
-
-
 class NotATreeError(StoreError):
     """An object was read as a tree (a list of child digests) but is a plain object."""

@@ -26,7 +26,7 @@ from nbrewind.analysis import DYNAMIC_NAMES, CellEffects, analyze_cell, transiti
 from nbrewind.checkpoint import hidden
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.outputs import OutputCapture, decode_outputs, encode_outputs, for_replay
-from nbrewind.checkpoint.serialize import Unserializable
+from nbrewind.checkpoint.serialize import Unserializable, digest_value
 from nbrewind.checkpoint.values import StagedGroup, stage_group, stage_json
 from nbrewind.errors import NbrewindError, ObjectNotFoundError
 from nbrewind.session import policy
@@ -237,8 +237,6 @@ class Session(RestoreMixin):
             return entry.key
         if not present:
             return ABSENT
-        from nbrewind.checkpoint.serialize import Unserializable, digest_value
-
         vd = digest_value(dict.__getitem__(ns, name))
         if isinstance(vd, Unserializable):
             return "unserializable|" + vd.type_name
@@ -415,31 +413,40 @@ class Session(RestoreMixin):
         outputs_digest = self._stage_outputs(outputs, staged)
         count = self._count(reply)
         reason = "audit records every cell" if self.mode == "audit" else plan.reason
-        run = {
+        run = self._run_record(
+            plan, count, "executed", reason, duration,
+            status=run_status(reply),
+            reply=reply_record(reply),
+            outputs=outputs_digest,
+            inputs=inputs,
+            reads=sorted(plan.reads),
+            writes=sorted(changed),
+            deletes=sorted(result.deleted),
+            bytes_written=written,
+        )
+        self.last = LastCell(count, "executed", reason, duration, written, result.seconds)
+        self._submit(run, staged, written)
+        if result.unserializable:
+            names = ", ".join(sorted(result.unserializable))
+            print(f"NBRewind: {names} cannot be stored; a repeat rebuilds it by running this cell.", file=sys.stderr)
+
+    def _run_record(
+        self, plan: CellPlan, count: int, decision: str, reason: str, duration: float, **fields: Any
+    ) -> dict[str, Any]:
+        """The catalog fields of one cell run of this kernel (the rest come in `fields`)."""
+        return {
             "session": self.session_id,
             "kernel": self.mode,
             "execution_count": count,
             "cell_id": plan.cell_id,
             "code": plan.code,
             "code_digest": plan.code_digest,
-            "decision": "executed",
+            "decision": decision,
             "reason": reason,
-            "status": run_status(reply),
-            "reply": reply_record(reply),
-            "outputs": outputs_digest,
-            "inputs": inputs,
-            "reads": sorted(plan.reads),
-            "writes": sorted(changed),
-            "deletes": sorted(result.deleted),
             "started": time.time() - duration,
             "duration": duration,
-            "bytes_written": written,
+            **fields,
         }
-        self.last = LastCell(count, "executed", reason, duration, written, result.seconds)
-        self._submit(run, staged, written)
-        if result.unserializable:
-            names = ", ".join(sorted(result.unserializable))
-            print(f"NBRewind: {names} cannot be stored; a repeat rebuilds it by running this cell.", file=sys.stderr)
 
     def _stage_outputs(self, outputs: list[Any], staged: list[Any]) -> str | None:
         if not outputs:
@@ -530,26 +537,17 @@ class Session(RestoreMixin):
         self._advance_history(plan.code, count)
         duration = time.perf_counter() - started
         self.last = LastCell(count, "replayed", plan.reason, duration, 0, 0.0)
-        record = {
-            "session": self.session_id,
-            "kernel": self.mode,
-            "execution_count": count,
-            "cell_id": plan.cell_id,
-            "code": plan.code,
-            "code_digest": plan.code_digest,
-            "decision": "replayed",
-            "reason": plan.reason,
-            "status": run.status,
-            "reply": run.reply,
-            "outputs": run.outputs,
-            "inputs": run.inputs,
-            "reads": run.reads,
-            "writes": run.writes,
-            "deletes": run.deletes,
-            "started": time.time() - duration,
-            "duration": duration,
-            "bytes_written": 0,
-        }
+        record = self._run_record(
+            plan, count, "replayed", plan.reason, duration,
+            status=run.status,
+            reply=run.reply,
+            outputs=run.outputs,
+            inputs=run.inputs,
+            reads=run.reads,
+            writes=run.writes,
+            deletes=run.deletes,
+            bytes_written=0,
+        )
         self._submit(record, [], 0)
         reply = dict(run.reply or {"status": "ok"})
         reply["execution_count"] = count

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import re
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from nbrewind.analysis import CellEffects
@@ -103,11 +103,3 @@ def possibly_mutated(effects: CellEffects, namespace: Mapping[str, Any]) -> set[
         if inplace or not (func in PURE_FUNCTIONS or last in PURE_LIBRARY_FUNCTIONS):
             names.update(call.args)
     return names
-
-
-def all_names(effects: CellEffects) -> set[str]:
-    return set(effects.reads) | set(effects.writes) | set(effects.mutated) | set(effects.deletes)
-
-
-def sorted_tuple(names: Iterable[str]) -> tuple[str, ...]:
-    return tuple(sorted(names))

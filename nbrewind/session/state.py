@@ -88,13 +88,9 @@ class LiveState:
         self._index(name, value)
 
     def forget(self, name: str) -> None:
+        """Drop what is known about `name`'s current object (it is pending, deleted or lost)."""
         self._last.pop(name, None)
-        for oid in self._reach.pop(name, ()):
-            holders = self._holders.get(oid)
-            if holders is not None:
-                holders.discard(name)
-                if not holders:
-                    del self._holders[oid]
+        self.forget_reach(name)
 
     def rebound(self, names: Iterable[str], namespace: dict[str, Any]) -> set[str]:
         """Names whose binding is new or differs (by identity) from the last checkpoint."""
