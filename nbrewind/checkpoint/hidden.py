@@ -12,15 +12,15 @@ import contextlib
 import functools
 import os
 import random
-import stat
 import sys
 import sysconfig
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import xxhash
+
+from nbrewind.identity.files import file_digest, quiet_reads
 
 __all__ = [
     "FileTracker",
@@ -101,7 +101,7 @@ def restore_rng(saved: dict[str, object]) -> None:
 _active: tuple[FileTracker, ...] = ()
 _active_lock = threading.Lock()
 _hook_installed = False
-_quiet = threading.local()  # set while NBRewind itself reads files, so they are not recorded
+_quiet = quiet_reads  # set while NBRewind itself reads files, so they are not recorded
 
 
 def _audit_hook(event: str, args: tuple[Any, ...]) -> None:
@@ -236,60 +236,6 @@ class FileTracker:
 def _as_root(root: str) -> str:
     # "" stands for the filesystem root, so "root + os.sep" is a prefix of everything under it
     return os.path.abspath(root).rstrip(os.sep)
-
-
-# File digests
-
-_CACHE_SIZE = 4096
-_CHUNK = 1 << 20
-_digest_cache: OrderedDict[tuple[str, int, int, int, int], str] = OrderedDict()
-_digest_lock = threading.Lock()
-
-
-def file_digest(path: str | os.PathLike[str]) -> str | None:
-    """xxh3-128 hex of a file's bytes, or None if it is missing or not a regular file.
-
-    Memoized on (path, size, mtime_ns, inode, ctime_ns) so unchanged inputs are
-    not re-read for every cell key.  A rewrite of the same size within one
-    timestamp tick can still be missed; that is the usual make-style trade-off.
-    The digest is the one a raw store object of the file would have.
-    """
-    absolute = os.path.abspath(os.fspath(path))
-    try:
-        info = os.stat(absolute)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    if not stat.S_ISREG(info.st_mode):
-        return None
-    key = (absolute, info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns)
-    with _digest_lock:
-        cached = _digest_cache.get(key)
-        if cached is not None:
-            _digest_cache.move_to_end(key)
-            return cached
-    try:
-        digest = _hash_file(absolute)
-    except (FileNotFoundError, IsADirectoryError):
-        return None
-    with _digest_lock:
-        _digest_cache[key] = digest
-        if len(_digest_cache) > _CACHE_SIZE:
-            _digest_cache.popitem(last=False)
-    return digest
-
-
-def _hash_file(path: str) -> str:
-    hasher = xxhash.xxh3_128()
-    chunk = bytearray(_CHUNK)
-    view = memoryview(chunk)
-    _quiet.on = True
-    try:
-        with open(path, "rb", buffering=0) as handle:
-            while count := handle.readinto(view):
-                hasher.update(view[:count])
-    finally:
-        _quiet.on = False
-    return hasher.hexdigest()
 
 
 # Environment and working directory

@@ -1,0 +1,77 @@
+"""What a file is: the xxh3-128 digest of its bytes, memoized on its stat.
+
+Cell keys (files a cell read), task fingerprints (files a task names) and
+module identities (the source of a local module) all ask this one function, so
+they agree on what "the same file" means.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from collections import OrderedDict
+
+import xxhash
+
+__all__ = ["file_digest", "quiet_reads"]
+
+# Bound at import: a cell may run with os.stat wrapped (file metadata tracking), and
+# NBRewind's own stats must not be recorded as the cell's.
+_stat = os.stat
+
+quiet_reads = threading.local()
+"""``quiet_reads.on`` is True while NBRewind itself reads a file, so trackers do not record it."""
+
+_CACHE_SIZE = 4096
+_CHUNK = 1 << 20
+_digest_cache: OrderedDict[tuple[str, int, int, int, int], str] = OrderedDict()
+_digest_lock = threading.Lock()
+
+
+def file_digest(path: str | os.PathLike[str]) -> str | None:
+    """xxh3-128 hex of a file's bytes, or None if it is missing or not a regular file.
+
+    Memoized on (path, size, mtime_ns, inode, ctime_ns) so unchanged inputs are
+    not re-read for every cell key.  A rewrite of the same size within one
+    timestamp tick can still be missed; that is the usual make-style trade-off.
+    The digest is the one a raw store object of the file would have.
+    """
+    absolute = os.path.abspath(os.fspath(path))
+    try:
+        info = _stat(absolute)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    key = (absolute, info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns)
+    with _digest_lock:
+        cached = _digest_cache.get(key)
+        if cached is not None:
+            _digest_cache.move_to_end(key)
+            return cached
+    try:
+        digest = _hash_file(absolute)
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    with _digest_lock:
+        _digest_cache[key] = digest
+        if len(_digest_cache) > _CACHE_SIZE:
+            _digest_cache.popitem(last=False)
+    return digest
+
+
+def _hash_file(path: str) -> str:
+    hasher = xxhash.xxh3_128()
+    chunk = bytearray(_CHUNK)
+    view = memoryview(chunk)
+    quiet_reads.on = True
+    try:
+        with open(path, "rb", buffering=0) as handle:
+            while count := handle.readinto(view):
+                hasher.update(view[:count])
+    finally:
+        quiet_reads.on = False
+    return hasher.hexdigest()
+
+

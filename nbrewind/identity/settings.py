@@ -1,0 +1,259 @@
+"""Library settings as state: a registry that digests, captures and applies them.
+
+A cell's output can depend on configuration that lives outside its variables:
+``pd.set_option("display.precision", 2)`` changes how every later DataFrame
+prints, ``np.seterr`` whether a division warns, ``dask.config.set`` which
+scheduler a compute uses. Each registered `Setting` says how to read such state
+(as a plain, picklable snapshot), how to put a snapshot back, and which module
+must be loaded for it to exist. The session keys every cell on the digests of
+the loaded settings and checkpoints a snapshot whenever a cell changes one, so
+a replayed `pd.set_option` cell leaves the option set, as a fresh run would.
+
+To track another library, append a `Setting` to `REGISTRY` (see the entries
+below: a getter returning builtins, lists, dicts, tuples and scalars, and a
+setter taking that snapshot back).
+
+Nothing here imports a library: a setting whose module is not in
+``sys.modules`` is simply absent from `settings_digests`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import pickle
+import sys
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+__all__ = ["REGISTRY", "Setting", "apply_settings", "capture_settings", "canonical_bytes", "settings_digests"]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One piece of library configuration.
+
+    `module` must be in ``sys.modules`` for the setting to exist; `get` returns a
+    picklable snapshot of plain values; `put` makes the live state equal to a
+    snapshot `get` returned (in this process or another).
+    """
+
+    name: str
+    module: str
+    get: Callable[[], Any]
+    put: Callable[[Any], None]
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """Bytes that depend on a snapshot's content only: dict order, set order and object ids never count."""
+    out: list[bytes] = []
+    _encode(value, out)
+    return b"".join(out)
+
+
+def _encode(value: Any, out: list[bytes]) -> None:
+    kind = type(value)
+    if kind is dict:
+        items = sorted(((canonical_bytes(k), v) for k, v in value.items()), key=lambda kv: kv[0])
+        out.append(b"d%d:" % len(items))
+        for key, item in items:
+            out.append(key)
+            _encode(item, out)
+    elif kind in (list, tuple):
+        out.append(b"%s%d:" % (b"l" if kind is list else b"t", len(value)))
+        for item in value:
+            _encode(item, out)
+    elif kind in (set, frozenset):
+        parts = sorted(canonical_bytes(v) for v in value)
+        out.append(b"s%d:" % len(parts) + b"".join(parts))
+    elif kind in (str, int, float, bool, complex, bytes, type(None)):
+        raw = pickle.dumps(value, protocol=5)
+        out.append(b"p%d:" % len(raw) + raw)
+    elif callable(value):
+        # A formatter or a scheduler function: by where it is defined, never by id().
+        label = f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', type(value).__qualname__)}"
+        out.append(b"c" + label.encode() + b";")
+    else:
+        label = f"{kind.__module__}.{kind.__qualname__}"
+        try:
+            raw = pickle.dumps(value, protocol=5)
+        except Exception:  # noqa: BLE001 - an unpicklable setting value is keyed by its repr
+            raw = repr(value).encode()
+        out.append(b"o" + label.encode() + b"%d:" % len(raw) + raw)
+
+
+def settings_digests(registry: Iterable[Setting] | None = None) -> dict[str, str]:
+    """Digest of every registered setting whose library is loaded, by setting name."""
+    out = {}
+    for setting in REGISTRY if registry is None else registry:
+        if setting.module not in sys.modules:
+            continue
+        try:
+            snapshot = setting.get()
+        except Exception:  # noqa: BLE001 - a library we cannot read is keyed as unreadable
+            out[setting.name] = "unreadable"
+            continue
+        out[setting.name] = xxhash.xxh3_128_hexdigest(b"nbrewind.setting.v1|" + canonical_bytes(snapshot))
+    return out
+
+
+def capture_settings(names: Iterable[str]) -> dict[str, Any]:
+    """Snapshots of the named settings (only those whose library is loaded)."""
+    wanted = set(names)
+    return {s.name: s.get() for s in REGISTRY if s.name in wanted and s.module in sys.modules}
+
+
+def apply_settings(snapshots: dict[str, Any]) -> None:
+    """Put snapshots from `capture_settings` back, importing a setting's library if needed."""
+    import importlib
+
+    for setting in REGISTRY:
+        if setting.name in snapshots:
+            importlib.import_module(setting.module)
+            setting.put(snapshots[setting.name])
+
+
+# -- the registered settings ----------------------------------------------------------
+
+
+def _numpy_get() -> Any:
+    np = sys.modules["numpy"]
+    return {"print": dict(np.get_printoptions()), "err": dict(np.geterr())}
+
+
+def _numpy_put(snapshot: Any) -> None:
+    np = sys.modules["numpy"]
+    np.set_printoptions(**snapshot["print"])
+    np.seterr(**snapshot["err"])
+
+
+def _pandas_config() -> Any:
+    return sys.modules["pandas._config.config"]
+
+
+def _pandas_get() -> Any:
+    # The option tree itself: reading it through get_option would warn for deprecated keys.
+    return copy.deepcopy(_pandas_config()._global_config)
+
+
+def _pandas_put(snapshot: Any) -> None:
+    config = _pandas_config()
+    current = config._global_config
+
+    def walk(prefix: str, want: dict[str, Any], have: dict[str, Any]) -> None:
+        for key, value in want.items():
+            if isinstance(value, dict) and isinstance(have.get(key), dict):
+                walk(f"{prefix}{key}.", value, have[key])
+            elif have.get(key, _MISSING) != value:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    config.set_option(prefix + key, value)
+
+    walk("", snapshot, current)
+
+
+def _matplotlib_get() -> Any:
+    rc = sys.modules["matplotlib"].rcParams
+    # dict.items reads without the deprecation checks of RcParams.__getitem__. The backend
+    # is chosen by the frontend (inline in a kernel), not by the notebook's computation.
+    return {k: copy.deepcopy(v) for k, v in dict.items(rc) if k not in _MPL_SKIP}
+
+
+def _matplotlib_put(snapshot: Any) -> None:
+    rc = sys.modules["matplotlib"].rcParams
+    for key, value in snapshot.items():
+        if dict.get(rc, key, _MISSING) != value:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                rc[key] = value
+
+
+_MPL_SKIP = frozenset({"backend", "backend_fallback"})
+
+
+def _dask_get() -> Any:
+    return copy.deepcopy(sys.modules["dask.config"].config)
+
+
+def _dask_put(snapshot: Any) -> None:
+    config = sys.modules["dask.config"].config
+    config.clear()
+    config.update(copy.deepcopy(snapshot))
+
+
+_SYS_PATH_AT_START: list[str] | None = None
+
+
+def note_sys_path_baseline() -> None:
+    """Remember this interpreter's sys.path, so only a notebook's own changes to it are state."""
+    global _SYS_PATH_AT_START
+    if _SYS_PATH_AT_START is None:
+        _SYS_PATH_AT_START = list(sys.path)
+
+
+def _sys_path_get() -> Any:
+    # The interpreter's own entries differ between machines; what cells added or removed does not.
+    base = _SYS_PATH_AT_START if _SYS_PATH_AT_START is not None else []
+    return {"added": [p for p in sys.path if p not in base], "removed": [p for p in base if p not in sys.path]}
+
+
+def _sys_path_put(snapshot: Any) -> None:
+    base = _SYS_PATH_AT_START if _SYS_PATH_AT_START is not None else []
+    kept = [p for p in base if p not in snapshot["removed"]]
+    sys.path[:] = [*snapshot["added"], *[p for p in kept if p not in snapshot["added"]]]
+
+
+def _warnings_get() -> Any:
+    out = []
+    for action, message, category, module, lineno in warnings.filters:
+        out.append(
+            (
+                action,
+                getattr(message, "pattern", message),
+                f"{category.__module__}.{category.__qualname__}",
+                getattr(module, "pattern", module),
+                lineno,
+            )
+        )
+    return {"filters": out, "objects": list(warnings.filters)}
+
+
+def _warnings_put(snapshot: Any) -> None:
+    warnings.filters[:] = snapshot["objects"]
+    with contextlib.suppress(AttributeError):
+        warnings._filters_mutated()  # type: ignore[attr-defined]
+
+
+def _decimal_get() -> Any:
+    ctx = sys.modules["decimal"].getcontext()
+    return {
+        "prec": ctx.prec, "rounding": ctx.rounding, "Emin": ctx.Emin, "Emax": ctx.Emax,
+        "capitals": ctx.capitals, "clamp": ctx.clamp,
+        "traps": sorted(t.__name__ for t, on in ctx.traps.items() if on),
+    }
+
+
+def _decimal_put(snapshot: Any) -> None:
+    decimal = sys.modules["decimal"]
+    ctx = decimal.getcontext()
+    for field in ("prec", "rounding", "Emin", "Emax", "capitals", "clamp"):
+        setattr(ctx, field, snapshot[field])
+    for trap in ctx.traps:
+        ctx.traps[trap] = trap.__name__ in snapshot["traps"]
+
+
+_MISSING = object()
+
+REGISTRY: list[Setting] = [
+    Setting("numpy", "numpy", _numpy_get, _numpy_put),
+    Setting("pandas", "pandas._config.config", _pandas_get, _pandas_put),
+    Setting("matplotlib", "matplotlib", _matplotlib_get, _matplotlib_put),
+    Setting("dask.config", "dask.config", _dask_get, _dask_put),
+    Setting("sys.path", "sys", _sys_path_get, _sys_path_put),
+    Setting("warnings", "warnings", _warnings_get, _warnings_put),
+    Setting("decimal", "decimal", _decimal_get, _decimal_put),
+]
