@@ -197,13 +197,15 @@ def test_file_digest_content_missing_and_memo(tmp_path: Path, monkeypatch: pytes
     assert file_digest(path) == xxhash.xxh3_128_hexdigest(payload)
 
     calls: list[str] = []
-    real_hash = hidden._hash_file
+    from nbrewind.identity import files
+
+    real_hash = files._hash_file
 
     def counting_hash(target: str) -> str:
         calls.append(target)
         return real_hash(target)
 
-    monkeypatch.setattr(hidden, "_hash_file", counting_hash)
+    monkeypatch.setattr(files, "_hash_file", counting_hash)
     assert file_digest(str(path)) == xxhash.xxh3_128_hexdigest(payload)
     assert calls == []  # unchanged: served from the memo
     path.write_bytes(payload + b"!")
