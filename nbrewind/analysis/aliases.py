@@ -24,6 +24,7 @@ import pathlib
 import re
 import sys
 import types
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -82,6 +83,7 @@ class _Kind(Enum):
     MEMORYVIEW = 10
     OBJECT = 11  # anything else: walk __dict__ and __slots__
     BUILTIN = 12  # builtin function (skipped) or builtin bound method (walk __self__)
+    WEAKREF = 13  # weakref.ref (and subclasses): walk the live referent
 
 
 def _is_notebook(obj: object) -> bool:
@@ -159,6 +161,8 @@ class _Walker:
             return _Kind.PARTIAL
         if issubclass(tp, types.BuiltinFunctionType):
             return _Kind.BUILTIN
+        if issubclass(tp, weakref.ReferenceType):
+            return _Kind.WEAKREF
         return _Kind.OBJECT
 
     def walk(self, root: object, visit: Callable[[int], bool]) -> None:
@@ -248,6 +252,12 @@ def _children(obj: object, kind: _Kind) -> list[object]:
         if kind is _Kind.MEMORYVIEW:
             assert isinstance(obj, memoryview)
             return [obj.obj]
+        if kind is _Kind.WEAKREF:
+            # A weak reference and its referent are restored together only if
+            # they are co-variables; a dead one reaches nothing.
+            assert isinstance(obj, weakref.ReferenceType)
+            referent = obj()
+            return [] if referent is None else [referent]
         if kind is _Kind.OBJECT:
             return _attributes(obj)
     except RuntimeError:  # a container changed size while we copied it (another thread)
@@ -281,9 +291,11 @@ def _attributes(obj: object) -> list[object]:
 def reachable_ids(obj: object, *, max_objects: int = 100_000, max_depth: int = 64) -> set[int]:
     """id() of every indexed object reachable from `obj`, within the bounds.
 
-    Containers, instance attributes, closures and bound methods are followed;
-    arrays and pandas objects are leaves (an array view also yields its base's
-    id). Library modules, classes and functions, singletons and small immutable
+    Containers, instance attributes, closures, bound methods and weak
+    references (to their live referent, so `r = weakref.ref(obj)` groups `r`
+    with `obj`) are followed; arrays and pandas objects are leaves (an array
+    view also yields the id of the root of its `.base` chain, so `v = a[2:5]`
+    groups `v` with `a`). Library modules, classes and functions, singletons and small immutable
     values are left out so they never glue variables together.
     """
     found: set[int] = set()

@@ -34,6 +34,8 @@ from typing import Any
 import cloudpickle
 import xxhash
 
+from nbrewind.checkpoint.reducers import WEAK_REDUCERS, ArrayViews, Unrestorable, ordered_class_reduce
+
 __all__ = [
     "OOB_THRESHOLD",
     "PICKLE_PROTOCOL",
@@ -207,20 +209,34 @@ class _Pickler(cloudpickle.Pickler):
     With ``for_digest`` the reduction is made independent of where the code
     was compiled (file name, first line) and of cloudpickle's per-process class
     ids, so equal code digests equal in every kernel process.
+
+    Restores are made exact by :mod:`nbrewind.checkpoint.reducers`: arrays
+    sharing memory in one pickle stay views of one buffer (``views`` says
+    which, see :class:`ArrayViews`), classes keep their attribute order, weak
+    references point at their restored referent.
     """
 
-    def __init__(self, *args: Any, for_digest: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, for_digest: bool = False, views: ArrayViews, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._for_digest = for_digest
+        self._views = views
 
     def reducer_override(self, obj: Any) -> Any:
-        name = _live_resource_name(type(obj))
+        kind = type(obj)
+        name = _live_resource_name(kind)
         if name is not None:
             raise _LiveResource(name)
-        if type(obj) is types.FunctionType and _is_notebook_function(obj):
+        if kind is self._views.ndarray:
+            return self._views.reduce(obj)
+        if kind is types.FunctionType and _is_notebook_function(obj):
             return _reduce_notebook_function(obj, self._for_digest)
-        if self._for_digest and isinstance(obj, type) and getattr(obj, "__module__", None) == "__main__":
-            return _digest_class(obj)
+        weak = WEAK_REDUCERS.get(kind)
+        if weak is not None:
+            return weak(obj)
+        if isinstance(obj, type):
+            if self._for_digest and getattr(obj, "__module__", None) == "__main__":
+                return _digest_class(obj)
+            return ordered_class_reduce(obj, super().reducer_override(obj))
         return super().reducer_override(obj)
 
 
@@ -255,9 +271,10 @@ def _normal_code(code: types.CodeType) -> types.CodeType:
 def _reduce_notebook_function(func: types.FunctionType, for_digest: bool) -> Any:
     code = _normal_code(func.__code__) if for_digest else func.__code__
     cells = func.__closure__ or ()
+    name, qualname = (_fresh(func.__name__), _fresh(func.__qualname__)) if for_digest else (func.__name__, func.__qualname__)
     state = {
-        "name": func.__name__,
-        "qualname": func.__qualname__,
+        "name": name,
+        "qualname": qualname,
         "defaults": func.__defaults__,
         "kwdefaults": func.__kwdefaults__,
         "doc": func.__doc__,
@@ -265,7 +282,18 @@ def _reduce_notebook_function(func: types.FunctionType, for_digest: bool) -> Any
         "dict": func.__dict__ or None,
         "closure": tuple(_cell_value(cell) for cell in cells),
     }
-    return (_function_skeleton, (code, func.__name__, len(cells)), state, None, None, _set_function_state)
+    return (_function_skeleton, (code, name, len(cells)), state, None, None, _set_function_state)
+
+
+def _fresh(name: str) -> str:
+    """A new string object for ``name``, for digest-only reductions.
+
+    The pickle memo links equal-by-identity strings, and whether a function's
+    name is the very object of a class-dict key or a code object's name depends
+    on interning (a restored class differs from a freshly defined one).  A
+    fresh object is linked to nothing, so the digest does not depend on that.
+    """
+    return "@" + name
 
 
 def _cell_value(cell: types.CellType) -> Any:
@@ -301,12 +329,23 @@ def _set_function_state(func: types.FunctionType, state: dict[str, Any]) -> type
     return func
 
 
+# Class entries left out of a class's digest: descriptors the type makes, and
+# caches that pickling or isinstance checks add (copyreg's __slotnames__).
+_CLASS_DIGEST_SKIP = frozenset(
+    {"__dict__", "__weakref__", "__module__", "__slotnames__", "_abc_impl", "_abc_cache", "_abc_negative_cache"}
+)
+
+
 def _digest_class(cls: type) -> Any:
-    """A deterministic stand-in for a notebook class, used only for digests."""
-    members = sorted(
-        (k, v) for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__", "__module__")
-    )
-    return (_no_restore, (cls.__qualname__, cls.__bases__, members))
+    """A deterministic stand-in for a notebook class, used only for digests.
+
+    Members are listed in definition order, which a restore reproduces, so a
+    class whose attributes were reordered looks changed.  Names are copied
+    out of the interned originals, as cloudpickle does, so the pickle memo
+    links them to nothing else and the stream does not depend on interning.
+    """
+    members = [(_fresh(k), v) for k, v in vars(cls).items() if k not in _CLASS_DIGEST_SKIP]
+    return (_no_restore, (_fresh(cls.__qualname__), cls.__bases__, members))
 
 
 def _no_restore(*args: Any) -> None:
@@ -341,9 +380,25 @@ def _row_count(buffer: pickle.PickleBuffer) -> int:
 
 
 def _dump(obj: object, threshold: int, *, for_digest: bool = False) -> Pickled:
+    """Pickle ``obj``; a second time when arrays in it share memory, to keep them views.
+
+    The first pass records the memory root of every array it pickles; only
+    when two arrays share a root the pickle holds in full does a second pass
+    rewrite them as views of it (see :class:`ArrayViews`), so values without
+    shared arrays pay nothing.
+    """
+    views = ArrayViews()
+    pickled = _dump_once(obj, threshold, for_digest, views)
+    if views.ndarray is not None and views.finish():
+        pickled = _dump_once(obj, threshold, for_digest, views)
+    return pickled
+
+
+def _dump_once(obj: object, threshold: int, for_digest: bool, views: ArrayViews) -> Pickled:
     stream = io.BytesIO()
     collector = _BufferCollector(threshold)
-    _Pickler(stream, protocol=PICKLE_PROTOCOL, buffer_callback=collector, for_digest=for_digest).dump(obj)
+    pickler = _Pickler(stream, protocol=PICKLE_PROTOCOL, buffer_callback=collector, for_digest=for_digest, views=views)
+    pickler.dump(obj)
     return Pickled(stream.getvalue(), collector.buffers, collector.segments)
 
 
@@ -369,6 +424,8 @@ def _try_dump(obj: object, threshold: int, *, for_digest: bool = False) -> Pickl
         return Unserializable(
             _type_name(obj), f"holds a live resource ({exc.type_name}) that bytes cannot restore"
         )
+    except Unrestorable as exc:
+        return Unserializable(_type_name(obj), f"holds a {exc.type_name}: {exc.reason}")
     except RecursionError:
         return Unserializable(_type_name(obj), "nested too deeply to pickle")
     except Exception as exc:  # any failure of a user __reduce__ is data, not our crash

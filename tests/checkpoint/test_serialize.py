@@ -108,12 +108,26 @@ def _ctypes_pointer() -> Iterator[object]:
 
 
 class _Target:
-    pass
+    def method(self) -> None:
+        pass
 
 
-def _weakref() -> Iterator[object]:
+# A weakref.ref is stored (see test_restore_exact.py); these weak kinds are not.
+
+
+def _weakproxy() -> Iterator[object]:
     target = _Target()
-    yield weakref.ref(target)
+    yield weakref.proxy(target)  # pickle would store a strong copy of the target
+
+
+def _weakmethod() -> Iterator[object]:
+    target = _Target()
+    yield weakref.WeakMethod(target.method)
+
+
+def _finalizer() -> Iterator[object]:
+    target = _Target()
+    yield weakref.finalize(target, print)
 
 
 def _frame() -> Iterator[object]:
@@ -203,7 +217,9 @@ UNPICKLABLE: dict[str, Callable[..., Iterator[object]]] = {
     "thread_module": _thread_module,
     "memoryview": _memoryview,
     "ctypes_pointer": _ctypes_pointer,
-    "weakref": _weakref,
+    "weakproxy": _weakproxy,
+    "weakmethod": _weakmethod,
+    "finalizer": _finalizer,
     "frame": _frame,
     "traceback": _traceback,
     "coroutine": _coroutine,
