@@ -1,6 +1,7 @@
-"""The import directions of DESIGN.md hold: each layer imports only the layers below it,
-IPython/ipykernel only under kernels/ (and session, for typing), dask only under tasks/
-(lazily), and importing any module has no side effects we can see."""
+"""The import directions of DESIGN.md hold: each layer imports only the layers below it
+(identity, below checkpoint and tasks, imports only store), IPython/ipykernel only under
+kernels/ (and session, for typing), dask only under tasks/ (lazily), and importing any
+module has no side effects we can see."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent / "nbrewind"
 FORBIDDEN = {
     "store": {"analysis", "checkpoint", "tasks", "session", "kernels", "pack", "cli"},
     "analysis": {"store", "checkpoint", "tasks", "session", "kernels", "pack", "cli"},
+    "identity": {"analysis", "checkpoint", "tasks", "session", "kernels", "pack", "cli"},
     "checkpoint": {"tasks", "session", "kernels", "pack", "cli"},
     "tasks": {"checkpoint", "session", "kernels", "pack", "cli"},
     "session": {"kernels", "pack", "cli"},
@@ -76,6 +78,7 @@ def test_imports_point_down(path: Path) -> None:
         ("store/objects.py", "from ..checkpoint import values"),
         ("checkpoint/values.py", "import IPython"),
         ("tasks/fingerprint.py", "import dask"),
+        ("identity/code.py", "from nbrewind.tasks.fingerprint import Fingerprinter"),
         ("analysis/effects.py", "def f():\n    import distributed"),
     ],
 )

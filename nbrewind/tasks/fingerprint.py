@@ -41,7 +41,6 @@ A ``Fingerprinter`` is not thread-safe; use one per thread.
 
 from __future__ import annotations
 
-import dis
 import functools
 import io
 import os
@@ -49,7 +48,6 @@ import pathlib
 import stat
 import struct
 import sys
-import sysconfig
 import types
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
@@ -57,6 +55,9 @@ from typing import Any
 import xxhash
 
 from nbrewind.errors import NbrewindError
+from nbrewind.identity.code import code_info
+from nbrewind.identity.files import file_digest
+from nbrewind.identity.modules import distribution_version, library_kind
 
 __all__ = ["SCHEME", "Fingerprinter", "UnfingerprintableError"]
 
@@ -70,8 +71,6 @@ _digest = xxhash.xxh3_128_digest
 _pack_d = struct.Struct("<d").pack
 _pack_dd = struct.Struct("<dd").pack
 _INF = sys.maxsize
-_HASCONST = frozenset(dis.hasconst)
-_EXTENDED_ARG = dis.opmap["EXTENDED_ARG"]
 _CLASS_SKIP = frozenset(
     {"__dict__", "__weakref__", "__module__", "__qualname__", "__doc__",
      "__firstlineno__", "__static_attributes__", "_abc_impl"}
@@ -81,9 +80,20 @@ _BUILTIN_CALLABLES = (
     types.BuiltinFunctionType, types.MethodWrapperType, types.MethodDescriptorType,
     types.WrapperDescriptorType, types.ClassMethodDescriptorType,
 )
-_CODE_CACHE_LIMIT = 20_000
 
 Key = Hashable
+Files = dict[str, str]
+"""Absolute path -> content digest (hex) of the local files a fingerprint covers."""
+
+
+def _settings_salt(settings: Mapping[str, str]) -> bytes:
+    """b"$" + a digest of the settings, placed right after a task's scheme tag.
+
+    No value encoding starts with ``$``, so a salted task's bytes never equal an
+    unsalted one's.
+    """
+    parts = [_name(str(k)) + _name(str(v)) for k, v in sorted(settings.items())]
+    return b"$" + _digest(b"%d:" % len(parts) + b"".join(parts))
 
 
 class UnfingerprintableError(NbrewindError):
@@ -98,46 +108,6 @@ class UnfingerprintableError(NbrewindError):
 def _name(s: str) -> bytes:
     b = s.encode("utf-8", "surrogatepass")
     return b"%d:" % len(b) + b
-
-
-@functools.lru_cache(maxsize=1)
-def _library_roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(site-packages directories, stdlib directories), as real paths ending in a separator."""
-    import site
-
-    paths = sysconfig.get_paths()
-    sites = {paths["purelib"], paths["platlib"], *site.getsitepackages()}
-    user_site = site.getusersitepackages()
-    if isinstance(user_site, str):
-        sites.add(user_site)
-    stdlib = {paths["stdlib"], paths["platstdlib"]}
-
-    def norm(ps: Iterable[str]) -> tuple[str, ...]:
-        return tuple(sorted({os.path.join(os.path.realpath(p), "") for p in ps if p}))
-
-    return norm(sites), norm(stdlib)
-
-
-@functools.lru_cache(maxsize=1)
-def _packages_distributions() -> Mapping[str, list[str]]:
-    import importlib.metadata
-
-    return importlib.metadata.packages_distributions()
-
-
-def _loads_const_zero(code: types.CodeType) -> bool:
-    """Whether any instruction of ``code`` reads ``co_consts[0]`` (so it is no mere docstring)."""
-    co = code.co_code
-    ext = 0
-    for i in range(0, len(co), 2):
-        op, arg = co[i], co[i + 1] | ext
-        if op == _EXTENDED_ARG:
-            ext = arg << 8
-            continue
-        ext = 0
-        if arg == 0 and op in _HASCONST:
-            return True
-    return False
 
 
 class _HashingPickler:
@@ -185,16 +155,6 @@ class _HashingPickler:
         return h.digest()
 
 
-_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL", "STORE_NAME", "DELETE_NAME"})
-
-
-def _global_loads(code: types.CodeType) -> list[str]:
-    """Names ``code`` itself looks up or binds as globals, in first-use order (not attribute names)."""
-    import dis
-
-    return list(dict.fromkeys(str(i.argval) for i in dis.get_instructions(code) if i.opname in _GLOBAL_OPS))
-
-
 class Fingerprinter:
     """Computes task fingerprints, keeping memo tables between and within runs.
 
@@ -206,19 +166,24 @@ class Fingerprinter:
     """
 
     def __init__(self) -> None:
-        self._code_cache: dict[int, tuple[types.CodeType, bytes, tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {}
         self._modver: dict[str, bytes | None] = {}
         self._dist_versions: dict[str, bytes] = {}
-        self._file_cache: dict[tuple[Any, ...], bytes] = {}
-        self._fn_memo: dict[int, tuple[object, bytes]] = {}
-        self._val_memo: dict[int, tuple[object, bytes]] = {}
-        self._path_memo: dict[str, bytes] = {}
+        self._fn_memo: dict[int, tuple[object, bytes, Files | None]] = {}
+        self._val_memo: dict[int, tuple[object, bytes, Files | None]] = {}
+        self._path_memo: dict[str, tuple[bytes, str]] = {}
+        self._files: Files | None = None
+        self._node_files: dict[Key, Files] = {}
         self._stack: dict[int, int] = {}
         self._low = _INF
         self._fps: dict[Key, bytes] = {}
+        self._salt = b""
         self._ts: Any = None
         self.failures: dict[Key, str] = {}
         """Keys the last ``fingerprint_graph`` call could not fingerprint, with the reason."""
+        self.file_inputs: dict[Key, Files] = {}
+        """For the last ``fingerprint_graph`` call: the local files each key's fingerprint covers
+        (its own and its dependencies'), absolute path -> content digest (hex); keys without any
+        are absent."""
         self._dispatch: dict[type, Callable[[Any, list[bytes]], None]] = {
             type(None): self._enc_const, bool: self._enc_const, type(...): self._enc_const,
             int: self._enc_int, float: self._enc_float, complex: self._enc_complex,
@@ -243,15 +208,22 @@ class Fingerprinter:
         keys_subset: Iterable[Key] | None = None,
         *,
         external: Mapping[Key, str] | None = None,
+        external_files: Mapping[Key, Mapping[str, str]] | None = None,
+        settings: Mapping[str, str] | None = None,
     ) -> dict[Key, str]:
         """Fingerprint every task of ``dsk`` (or ``keys_subset`` and what it depends on).
 
         Tasks are visited in dependency order, each one's bytes embedding its
         dependencies' fingerprints. Legacy tuple tasks are converted on the fly.
         ``external`` gives fingerprints for keys the graph refers to but does
-        not hold (persisted futures). Keys that cannot be fingerprinted, and
-        everything depending on them, are left out of the result and listed
-        with the reason in ``self.failures``: the caller runs them uncached.
+        not hold (persisted futures), ``external_files`` the files those
+        fingerprints cover. ``settings`` (setting name -> digest, e.g. the
+        library settings at submission) is folded into every task's
+        fingerprint; without it, or when empty, nothing is (the encoding is
+        then that of tasks before settings existed). Keys that cannot be
+        fingerprinted, and everything depending on them, are left out of the
+        result and listed with the reason in ``self.failures``: the caller runs
+        them uncached. ``self.file_inputs`` tells which files each key covers.
         """
         self._load_dask()
         if not isinstance(dsk, dict):
@@ -261,11 +233,17 @@ class Fingerprinter:
         ext = {k: b"@" + bytes.fromhex(v) for k, v in (external or {}).items()}
         failed: dict[Key, str] = {}
         self._fps = fps
+        self._salt = _settings_salt(settings) if settings else b""
+        node_files: dict[Key, Files] = {}
+        if external_files:
+            node_files.update((k, dict(v)) for k, v in external_files.items() if v and k in ext)
+        self._node_files = node_files
         try:
             self._traverse(dsk, roots, failed, ext)
         finally:
             self._end_run()
         self.failures = failed
+        self.file_inputs = {k: v for k, v in node_files.items() if k in dsk and k in fps}
         return {k: v[1:].hex() for k, v in fps.items() if k in dsk}
 
     def fingerprint_value(self, obj: object) -> str:
@@ -293,8 +271,9 @@ class Fingerprinter:
         self._stack.clear()
         self._low = _INF
         self._fps = {}
-        if len(self._code_cache) > _CODE_CACHE_LIMIT:
-            self._code_cache.clear()
+        self._files = None
+        self._node_files = {}
+        self._salt = b""
 
     # ------------------------------------------------------------------ graph walk
 
@@ -357,13 +336,31 @@ class Fingerprinter:
                         stack.extend(pending)
                         continue
                 else:
+                    outer_files, self._files = self._files, None
                     try:
                         fps[k] = self._node_token(node)
                     except (UnfingerprintableError, RecursionError) as e:
                         failed[k] = f"{type(e).__name__}: {e}"
                         self._stack.clear()
                         self._low = _INF
+                    else:
+                        self._node_files_of(k, node)
+                    finally:
+                        self._files = outer_files
                 stack.pop()
+
+    def _node_files_of(self, k: Key, node: Any) -> None:
+        """Record the files ``k``'s fingerprint covers: those noted while encoding it, and its
+        dependencies' (a Merkle fingerprint covers what its dependencies' cover)."""
+        files = self._files
+        node_files = self._node_files
+        if node_files:
+            for d in node.dependencies:
+                more = node_files.get(d)
+                if more:
+                    files = {**files, **more} if files else more
+        if files:
+            node_files[k] = files
 
     def _convert_legacy(self, k: Key, dsk: Mapping[Key, Any]) -> Any:
         """A legacy tuple task or literal as a GraphNode; None for a key mapped to itself."""
@@ -387,7 +384,7 @@ class Fingerprinter:
         func = node.func
         if func is ts._execute_subgraph:
             return self._subgraph_digest(node)
-        out = [_TASK]
+        out = [_TASK, self._salt]
         if isinstance(node, ts.NestedContainer):
             self._enc_container(node.klass, node.args, out)
         elif func is ts._identity_cast and node.kwargs.get("typ") in (list, tuple, set, frozenset):
@@ -438,13 +435,16 @@ class Fingerprinter:
             sub: list[bytes] = []
             self._enc(r, sub)
             local[k] = b"".join(sub)
-        outer = self._fps
+        outer, outer_files = self._fps, self._node_files
         failed: dict[Key, str] = {}
-        self._fps = local
+        self._fps, self._node_files = local, {}
         try:
             self._traverse(inner, [outkey], failed, {})
+            inner_files = self._node_files.get(outkey)
         finally:
-            self._fps = outer
+            self._fps, self._node_files = outer, outer_files
+        if inner_files:
+            self._merge_files(inner_files)
         token = local.get(outkey, b"")
         if not token.startswith(b"@") or outkey in inkeys:
             raise UnfingerprintableError(f"fused task: {failed.get(outkey, 'output is not a task')}")
@@ -521,35 +521,56 @@ class Fingerprinter:
     def _enc_str(self, obj: str, out: list[bytes]) -> None:
         out.append(b"s" + _name(obj))
         if ("/" in obj or "." in obj or os.sep in obj) and len(obj) < 4096:
-            fd = self._path_memo.get(obj)
-            if fd is None:
-                fd = self._path_memo[obj] = self._file_digest(obj)
+            hit = self._path_memo.get(obj)
+            if hit is None:
+                fd = self._file_digest(obj)
+                if fd:
+                    self._path_memo[obj] = (fd, os.path.abspath(obj))
+                else:
+                    self._path_memo[obj] = (fd, "")
+            else:
+                fd = hit[0]
+                if fd:
+                    self._note_file(hit[1], fd)
             if fd:
                 out.append(fd)
 
     def _file_digest(self, path: str) -> bytes:
-        """b"" unless ``path`` names a regular local file, else a tag and its content digest."""
+        """b"" unless ``path`` names a regular local file, else a tag and its content digest.
+
+        The digest is `nbrewind.identity.files.file_digest`'s, the one cell keys record.
+        The file is noted as an input of the task being fingerprinted.
+        """
         if "\0" in path or "\n" in path:
             return b""
-        try:
-            st = os.stat(path)
-        except (OSError, ValueError):
-            return b""
-        if not stat.S_ISREG(st.st_mode):
-            return b""
         full = os.path.abspath(path)
-        key = (full, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-        fd = self._file_cache.get(key)
-        if fd is None:
-            h = xxhash.xxh3_128()
+        try:
+            hexdigest = file_digest(full)
+        except (OSError, ValueError) as e:
             try:
-                with open(full, "rb") as f:
-                    while chunk := f.read(1 << 20):
-                        h.update(chunk)
-            except OSError as e:
-                raise UnfingerprintableError(f"cannot read file {path!r}: {e}") from e
-            fd = self._file_cache[key] = b"@F" + h.digest()
+                regular = stat.S_ISREG(os.stat(full).st_mode)
+            except (OSError, ValueError):
+                return b""  # a string that only looks like a path (too long, a loop, no access)
+            if not regular:
+                return b""
+            raise UnfingerprintableError(f"cannot read file {path!r}: {e}") from e
+        if hexdigest is None:
+            return b""
+        fd = b"@F" + bytes.fromhex(hexdigest)
+        self._note_file(full, fd)
         return fd
+
+    def _note_file(self, path: str, fd: bytes) -> None:
+        files = self._files
+        if files is None:
+            files = self._files = {}
+        files[path] = fd[2:].hex()
+
+    def _merge_files(self, files: Files) -> None:
+        if self._files is None:
+            self._files = dict(files)
+        else:
+            self._files.update(files)
 
     def _enc_bytes(self, obj: bytes | bytearray, out: list[bytes]) -> None:
         if len(obj) > 4096:
@@ -637,7 +658,7 @@ class Fingerprinter:
         out.append(b"M" + _name(obj.__name__) + (self._module_version(obj.__name__) or b"user"))
 
     def _enc_code(self, obj: types.CodeType, out: list[bytes]) -> None:
-        out.append(b"C" + self._code_info(obj)[0])
+        out.append(b"C" + code_info(obj).token)
 
     def _enc_wrapper(self, obj: staticmethod[Any, Any] | classmethod[Any, Any, Any], out: list[bytes]) -> None:
         out.append(b"sm" if type(obj) is staticmethod else b"cm")
@@ -652,27 +673,34 @@ class Fingerprinter:
 
     def _memo_value(self, obj: object, out: list[bytes], tag: bytes,
                     compute: Callable[[object], bytes],
-                    memo: dict[int, tuple[object, bytes]] | None = None) -> None:
+                    memo: dict[int, tuple[object, bytes, Files | None]] | None = None) -> None:
         """Append tag + digest of ``obj``, computing it once per run per object (in ``memo``,
         the value memo by default). Cycle-safe: a result that refers to a caller still on the
-        stack is only valid in this context and is not memoized."""
+        stack is only valid in this context and is not memoized. The files the digest covers
+        are memoized with it, so a memo hit still notes them for the task at hand."""
         memo = self._val_memo if memo is None else memo
         i = id(obj)
         hit = memo.get(i)
         if hit is not None and hit[0] is obj:
             out.append(hit[1])
+            if hit[2]:
+                self._merge_files(hit[2])
             return
         if not self._enter(obj, out):
             return
         low = self._low
         self._low = _INF
+        outer_files, self._files = self._files, None
         try:
             tok = tag + compute(obj)
         finally:
             d = self._stack.pop(i)
             inner_low, self._low = self._low, min(low, self._low)
+            inner_files, self._files = self._files, outer_files
+            if inner_files:
+                self._merge_files(inner_files)
         if inner_low >= d:
-            memo[i] = (obj, tok)
+            memo[i] = (obj, tok, inner_files)
         out.append(tok)
 
     def _enc_ndarray(self, obj: Any, out: list[bytes]) -> None:
@@ -859,8 +887,9 @@ class Fingerprinter:
             self._enc(value, out)
 
     def _user_function(self, fn: types.FunctionType, out: list[bytes]) -> None:
-        tok, gnames, strs, anames = self._code_info(fn.__code__)
-        out.append(b"U" + tok)
+        info = code_info(fn.__code__)
+        gnames, strs, anames = info.global_names, info.strings, info.names
+        out.append(b"U" + info.token)
         self._enc((fn.__defaults__, fn.__kwdefaults__), out)
         self._enc_closure(fn, out)
         g = fn.__globals__
@@ -882,66 +911,6 @@ class Fingerprinter:
                 self._enc(value, out)
         for s in strs:
             self._enc_str(s, out)
-
-    def _code_info(self, code: types.CodeType) -> tuple[bytes, tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-        """(digest of the code's own content, names it reads as globals, its string constants,
-        every name it uses, attributes included: what it may read from a user module).
-
-        Cached per code object for the Fingerprinter's life: code objects are immutable.
-        """
-        hit = self._code_cache.get(id(code))
-        if hit is not None and hit[0] is code:
-            return hit[1], hit[2], hit[3], hit[4]
-        out = [b"%d,%d,%d,%d;" % (code.co_argcount, code.co_posonlyargcount,
-                                  code.co_kwonlyargcount, code.co_flags)]
-        out.append(b"%d:" % len(code.co_code) + code.co_code)
-        consts = code.co_consts
-        # Slot 0 holds the docstring, or None when there is none; unless code reads it, it is no computation.
-        docstring = bool(consts) and (consts[0] is None or type(consts[0]) is str) and not _loads_const_zero(code)
-        names = _global_loads(code)
-        used = list(code.co_names)
-        strs: list[str] = []
-        plain = self._plain_const
-        for i, c in enumerate(consts):
-            if i == 0 and docstring:
-                out.append(b"doc")
-            elif type(c) is types.CodeType:
-                tok, gn, ss, un = self._code_info(c)
-                out.append(b"C" + tok)
-                names.extend(gn)
-                strs.extend(ss)
-                used.extend(un)
-            else:
-                plain(c, out)
-                if type(c) is str:
-                    strs.append(c)
-        for seq in (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars):
-            out.append(b"%d:" % len(seq) + b"".join(_name(s) for s in seq))
-        table = getattr(code, "co_exceptiontable", b"")
-        out.append(b"%d:" % len(table) + table)
-        tok = _digest(b"".join(out))
-        gnames = tuple(dict.fromkeys(names))
-        strs_t = tuple(dict.fromkeys(strs))
-        used_t = tuple(dict.fromkeys(used))
-        self._code_cache[id(code)] = (code, tok, gnames, strs_t, used_t)
-        return tok, gnames, strs_t, used_t
-
-    def _plain_const(self, c: object, out: list[bytes]) -> None:
-        """Encode a code constant without file checks (code digests are cached across runs)."""
-        t = type(c)
-        if t is str:
-            out.append(b"s" + _name(c))  # type: ignore[arg-type]
-        elif t is tuple or t is frozenset:
-            items: list[bytes] = []
-            for x in c:  # type: ignore[attr-defined]
-                sub: list[bytes] = []
-                self._plain_const(x, sub)
-                items.append(b"".join(sub))
-            if t is frozenset:
-                items.sort()
-            out.append((b"(" if t is tuple else b"~<") + b"".join(items) + (b")" if t is tuple else b">"))
-        else:
-            self._enc(c, out)
 
     def _class_parts(self, cls: type, out: list[bytes]) -> None:
         ver = self._module_version(cls.__module__)
@@ -986,34 +955,15 @@ class Fingerprinter:
             if modname in sys.builtin_module_names or origin in ("built-in", "frozen"):
                 return python
             return None
-        path = os.path.realpath(file)
-        sites, stdlib = _library_roots()
-        parts = path.split(os.sep)
-        if path.startswith(sites) or "site-packages" in parts or "dist-packages" in parts:
+        kind = library_kind(file)
+        if kind == "installed":
             return self._dist_version(modname.partition(".")[0])
-        if path.startswith(stdlib):
+        if kind == "stdlib":
             return python
         return None
 
     def _dist_version(self, top: str) -> bytes:
         hit = self._dist_versions.get(top)
-        if hit is not None:
-            return hit
-        import importlib.metadata as md
-
-        def version_of(dist: str) -> str | None:
-            try:
-                return md.version(dist)
-            except md.PackageNotFoundError:
-                return None
-
-        # The import name usually is the distribution name; the full map costs ~0.4 s to build.
-        version = version_of(top)
-        if version is None:
-            found = (version_of(d) for d in _packages_distributions().get(top, []))
-            version = next((v for v in found if v is not None), None)
-        if version is None:
-            version = str(getattr(sys.modules.get(top), "__version__", ""))
-        label = _name(top) + b"==" + version.encode()
-        self._dist_versions[top] = label
-        return label
+        if hit is None:
+            hit = self._dist_versions[top] = _name(top) + b"==" + distribution_version(top).encode()
+        return hit
