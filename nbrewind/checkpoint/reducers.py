@@ -40,6 +40,7 @@ __all__ = [
     "WEAK_REDUCERS",
     "ordered_class_reduce",
     "reduce_weakref",
+    "type_made_keys",
 ]
 
 
@@ -290,7 +291,7 @@ def ordered_class_reduce(cls: type, reduced: Any) -> Any:
         return reduced
     clsdict, slotstate = state
     own = cls.__dict__
-    made = _type_made_keys(cls)
+    made = type_made_keys(cls)
     for key in own:
         if key not in clsdict and key not in made and key not in _NOT_STATE:
             clsdict["".join(key)] = own[key]  # a non-interned copy, as cloudpickle does
@@ -318,7 +319,7 @@ def ordered_class_reduce(cls: type, reduced: Any) -> Any:
     )
 
 
-def _type_made_keys(cls: type) -> set[str]:
+def type_made_keys(cls: type) -> set[str]:
     """Keys of ``cls.__dict__`` holding descriptors the type made (``__dict__``, ``__weakref__``, slots)."""
     made = set()
     for key, value in cls.__dict__.items():

@@ -34,7 +34,13 @@ from typing import Any
 import cloudpickle
 import xxhash
 
-from nbrewind.checkpoint.reducers import WEAK_REDUCERS, ArrayViews, Unrestorable, ordered_class_reduce
+from nbrewind.checkpoint.reducers import (
+    WEAK_REDUCERS,
+    ArrayViews,
+    Unrestorable,
+    ordered_class_reduce,
+    type_made_keys,
+)
 
 __all__ = [
     "OOB_THRESHOLD",
@@ -329,8 +335,9 @@ def _set_function_state(func: types.FunctionType, state: dict[str, Any]) -> type
     return func
 
 
-# Class entries left out of a class's digest: descriptors the type makes, and
-# caches that pickling or isinstance checks add (copyreg's __slotnames__).
+# Class entries left out of a class's digest, besides the descriptors the type
+# makes (``__slots__`` describes those): caches that pickling or isinstance
+# checks add (copyreg's __slotnames__).
 _CLASS_DIGEST_SKIP = frozenset(
     {"__dict__", "__weakref__", "__module__", "__slotnames__", "_abc_impl", "_abc_cache", "_abc_negative_cache"}
 )
@@ -344,7 +351,8 @@ def _digest_class(cls: type) -> Any:
     out of the interned originals, as cloudpickle does, so the pickle memo
     links them to nothing else and the stream does not depend on interning.
     """
-    members = [(_fresh(k), v) for k, v in vars(cls).items() if k not in _CLASS_DIGEST_SKIP]
+    made = type_made_keys(cls)  # a slot descriptor would pickle as a lookup on cls: a loop
+    members = [(_fresh(k), v) for k, v in vars(cls).items() if k not in _CLASS_DIGEST_SKIP and k not in made]
     return (_no_restore, (_fresh(cls.__qualname__), cls.__bases__, members))
 
 
@@ -407,7 +415,7 @@ def _type_name(obj: object) -> str:
 
 
 def _module_record(obj: object) -> Unserializable | None:
-    if isinstance(obj, types.ModuleType):
+    if issubclass(type(obj), types.ModuleType):  # not isinstance: see pickle_group
         # Faithful by reference, but a module is not data: the session records
         # imports by name and re-imports them rather than storing a blob.
         return Unserializable(_type_name(obj), f"module {obj.__name__!r} is re-imported, not stored")
@@ -470,7 +478,8 @@ def pickle_group(mapping: Mapping[str, object]) -> Pickled | Unserializable:
     and ``reason``; :func:`split_unserializable` separates them.
     """
     group = dict(mapping)
-    modules = tuple(name for name, value in group.items() if isinstance(value, types.ModuleType))
+    # type(), not isinstance(): isinstance asks a dead weakref.proxy for its class and raises
+    modules = tuple(name for name, value in group.items() if issubclass(type(value), types.ModuleType))
     result = _try_dump(group, OOB_THRESHOLD) if not modules else None
     if isinstance(result, Pickled):
         return result
