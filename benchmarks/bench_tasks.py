@@ -22,6 +22,7 @@ from typing import Any
 from nbrewind.tasks.cache import TaskCache
 from nbrewind.tasks.intercept import intercepting
 from nbrewind.tasks.rewrite import flatten_keys, rewrite_graph
+from nbrewind.tasks.settings import task_settings
 
 
 def _graph(collection: Any) -> tuple[dict[Any, Any], list[Any]]:
@@ -51,7 +52,7 @@ def bench_rewrite(name: str, collection: Any, repeat: int = 3) -> list[str]:
             cache.drain_log()
         # Make the outputs hits, as after a first run.
         for k in keys:
-            fp = cache.fingerprinter.fingerprint_graph(dsk, [k])[k]
+            fp = cache.fingerprinter.fingerprint_graph(dsk, [k], settings=task_settings())[k]
             entry = cache.objects.put_tree([cache.objects.put(b"x")], b'{"format": "nbrewind-task-result/1"}')
             cache.objects.ref_set("tasks", fp, entry)
         for _ in range(repeat):

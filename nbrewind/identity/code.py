@@ -154,8 +154,7 @@ def _chains(instructions: list[dis.Instruction]) -> tuple[list[Chain], dict[str,
     """Reference chains of one code object (not its nested code), and its names bound by imports.
 
     ``import numpy as np`` inside the code binds ``np`` to (``i``, ``numpy``, ());
-    ``from random import gauss`` binds ``gauss`` to (``i``, ``random``, (``gauss``,))
-    and records that chain. A load of a global, a free variable or an import-bound
+    ``from random import gauss`` binds ``gauss`` to (``i``, ``random``, (``gauss``,)). A load of a global, a free variable or an import-bound
     name starts a chain that the attribute loads right after it extend. Loads of
     other locals start none: their values are not known statically.
     """
@@ -185,9 +184,9 @@ def _chains(instructions: list[dis.Instruction]) -> tuple[list[Chain], dict[str,
             else:
                 module = value = None  # relative: the package is not known statically
         elif op == "IMPORT_FROM":
+            # Not a chain by itself: a use of the name it binds is.
             if module is not None:
                 value = (module[0], module[1], (*module[2], str(ins.argval)))
-                chains.append(value)
         elif op in _STORE_OPS:
             if value is not None:
                 imported[str(ins.argval)] = value

@@ -3,7 +3,9 @@
 A task result lives in the store as an *entry*: a tree object whose first child
 is the pickle stream (cloudpickle, protocol 5), whose other children are the
 large out-of-band buffers (``put_blob``: chunked, deduplicated by content), and
-whose payload is a small JSON record (size, run time, worker). The ref
+whose payload is a small JSON record (size, run time, worker, and the local
+files the task's fingerprint covered, path -> digest, so a later hit can report
+what the result was made from). The ref
 ``tasks/<fingerprint>`` points at the newest entry; the client reads it back to
 decide hits and to fill the task log.
 
@@ -35,6 +37,7 @@ __all__ = [
     "REF_NAMESPACE",
     "TaskCache",
     "TaskCacheError",
+    "TaskLogRow",
     "TaskSpec",
     "compute_and_store",
     "impure",
@@ -83,6 +86,8 @@ class TaskSpec:
     root: str
     fingerprint: str
     key_prefix: str
+    files: tuple[tuple[str, str], ...] = ()
+    """The local files the fingerprint covers, (absolute path, digest), recorded with the result."""
 
 
 # -- worker side --------------------------------------------------------------------------------
@@ -191,13 +196,25 @@ def compute_and_store(spec: TaskSpec, func: Callable[..., Any], /, *args: Any, *
 
 
 def _try_store(spec: TaskSpec, value: object, duration: float) -> None:
-    record = {"duration": duration, "worker": _where(), "host": socket.gethostname(), "key_prefix": spec.key_prefix}
+    record: dict[str, Any] = {
+        "duration": duration, "worker": _where(), "host": socket.gethostname(), "key_prefix": spec.key_prefix,
+    }
+    if spec.files:
+        record["files"] = dict(spec.files)
     try:
         objects = object_store(spec.root)
         entry, _ = store_result(objects, value, record)
         objects.ref_set(REF_NAMESPACE, spec.fingerprint, entry)
     except Exception:  # unpicklable result, full disk, read-only store: the task still succeeds
         return
+
+
+def _recorded_files(meta: Mapping[str, Any]) -> dict[str, str]:
+    """The ``files`` of an entry's record, if well formed."""
+    files = meta.get("files")
+    if not isinstance(files, dict):
+        return {}
+    return {str(k): str(v) for k, v in files.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 # -- client side --------------------------------------------------------------------------------
@@ -209,6 +226,24 @@ class _Pending:
     key_prefix: str
     hit: bool
     entry: str | None
+    files: Mapping[str, str] | None
+
+
+class TaskLogRow(dict[str, Any]):
+    """One drained task-log row: the catalog's task-log columns as keys (so it can be
+    passed to ``Catalog.log_tasks`` as it is), plus :attr:`file_inputs`, which is not a
+    column: the local files the task's result depends on, absolute path -> content digest.
+
+    On a miss they are the files its fingerprint covered at submission (string and path
+    arguments and string constants naming local files, its dependencies' included); on
+    a hit also those recorded with the stored result when it was made.
+    """
+
+    file_inputs: dict[str, str]
+
+    def __init__(self, fields: Mapping[str, Any], file_inputs: Mapping[str, str] | None = None) -> None:
+        super().__init__(fields)
+        self.file_inputs = dict(file_inputs or {})
 
 
 class TaskCache:
@@ -225,6 +260,7 @@ class TaskCache:
         self.lock = threading.RLock()
         self._pending: list[_Pending] = []
         self._known: dict[Hashable, str] = {}
+        self._known_files: dict[Hashable, Mapping[str, str]] = {}
         self.impure_tokens: set[str] = set()
         """Key tokens dask.delayed generated for calls made with ``pure=False``."""
 
@@ -248,9 +284,9 @@ class TaskCache:
             self._fingerprinter = Fingerprinter()
         return self._fingerprinter
 
-    def spec(self, fingerprint: str, key_prefix: str) -> TaskSpec:
-        """The worker-side handle for one task."""
-        return TaskSpec(str(self.root), fingerprint, key_prefix)
+    def spec(self, fingerprint: str, key_prefix: str, files: Mapping[str, str] | None = None) -> TaskSpec:
+        """The worker-side handle for one task (``files``: what its fingerprint covers)."""
+        return TaskSpec(str(self.root), fingerprint, key_prefix, tuple(sorted(files.items())) if files else ())
 
     def lookup(self, fingerprint: str) -> str | None:
         """The entry digest cached for ``fingerprint``, if the ref and its entry object exist."""
@@ -267,27 +303,43 @@ class TaskCache:
         """Fingerprints of keys submitted earlier (futures and persisted collections refer to them)."""
         return self._known
 
-    def remember(self, fps: Mapping[Hashable, str]) -> None:
-        """Remember the fingerprints of submitted output keys."""
+    def remember(self, fps: Mapping[Hashable, str], files: Mapping[Hashable, Mapping[str, str]] | None = None) -> None:
+        """Remember the fingerprints of submitted output keys (and the files they cover)."""
         if len(self._known) + len(fps) > _KNOWN_LIMIT:
             self._known.clear()
+            self._known_files.clear()
         self._known.update(fps)
+        for k in fps:
+            if files and k in files:
+                self._known_files[k] = files[k]
+            else:
+                self._known_files.pop(k, None)
 
-    def note(self, fingerprint: str, key_prefix: str, *, hit: bool, entry: str | None = None) -> None:
-        """Queue a task-log row (filled in from the store when drained)."""
+    def known_files(self, keys: Iterable[Hashable]) -> dict[Hashable, Mapping[str, str]]:
+        """The files the remembered fingerprints of ``keys`` cover (keys without any are absent)."""
+        known = self._known_files
+        return {k: known[k] for k in keys if k in known}
+
+    def note(
+        self, fingerprint: str, key_prefix: str, *, hit: bool, entry: str | None = None,
+        files: Mapping[str, str] | None = None,
+    ) -> None:
+        """Queue a task-log row (filled in from the store when drained); ``files``: what
+        the fingerprint covered at submission."""
         with self.lock:
-            self._pending.append(_Pending(fingerprint, key_prefix, hit, entry))
+            self._pending.append(_Pending(fingerprint, key_prefix, hit, entry, files))
 
-    def drain_log(self) -> list[dict[str, Any]]:
-        """Task-log rows (fingerprint, key_prefix, hit, duration, nbytes, worker, result_digest)
-        gathered since the last drain. A miss still running (or whose result could not be
-        stored) has no duration, size or digest."""
+    def drain_log(self) -> list[TaskLogRow]:
+        """Task-log rows (fingerprint, key_prefix, hit, duration, nbytes, worker, result_digest,
+        and each row's :attr:`TaskLogRow.file_inputs`) gathered since the last drain. A miss
+        still running (or whose result could not be stored) has no duration, size or digest."""
         with self.lock:
             pending, self._pending = self._pending, []
         rows = []
         for p in pending:
             row: dict[str, Any] = {"fingerprint": p.fingerprint, "key_prefix": p.key_prefix, "hit": p.hit,
                                    "duration": None, "nbytes": None, "worker": None, "result_digest": p.entry}
+            recorded: dict[str, str] = {}
             try:
                 entry = p.entry if p.hit else self.objects.ref_get(REF_NAMESPACE, p.fingerprint)
                 if entry is not None:
@@ -297,10 +349,36 @@ class TaskCache:
                     if not p.hit:
                         row["duration"] = meta.get("duration")
                         row["worker"] = meta.get("worker")
+                    recorded = _recorded_files(meta)
             except (NbrewindError, OSError, ValueError):
                 pass  # the row stays, without the details
-            rows.append(row)
+            # What the result was made from, then what the fingerprint covered now (equal
+            # wherever both name a file, since the fingerprint embeds the digests).
+            rows.append(TaskLogRow(row, {**recorded, **(p.files or {})}))
         return rows
+
+    def file_inputs(self, rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+        """The local files the tasks of ``rows`` depend on: absolute path -> content digest
+        (`nbrewind.identity.files.file_digest`'s), for a cell key's ``@file:`` inputs.
+
+        Rows from :meth:`drain_log` carry them; for any other row (a dict or a catalog
+        entry with a ``result_digest``) they are read from the stored result's record.
+        When two rows disagree about a file (it changed between two submissions of one
+        cell), the last row's digest is kept.
+        """
+        out: dict[str, str] = {}
+        for row in rows:
+            files = getattr(row, "file_inputs", None)
+            if files is None:
+                digest = row.get("result_digest") if isinstance(row, Mapping) else getattr(row, "result_digest", None)
+                files = {}
+                if isinstance(digest, str):
+                    try:
+                        files = _recorded_files(read_entry(self.objects, digest)[1])
+                    except (NbrewindError, OSError, ValueError):
+                        pass
+            out.update(files)
+        return out
 
     def stats(self, rows: Iterable[Mapping[str, Any]]) -> tuple[int, int]:
         """(hits, misses) among drained rows."""

@@ -55,7 +55,7 @@ from typing import Any
 import xxhash
 
 from nbrewind.errors import NbrewindError
-from nbrewind.identity.code import code_info
+from nbrewind.identity.code import Chain, code_info
 from nbrewind.identity.files import file_digest
 from nbrewind.identity.modules import distribution_version, library_kind
 
@@ -75,6 +75,8 @@ _CLASS_SKIP = frozenset(
     {"__dict__", "__weakref__", "__module__", "__qualname__", "__doc__",
      "__firstlineno__", "__static_attributes__", "_abc_impl"}
 )
+_MISSING = object()
+_BOUND_TYPES = (types.MethodType, types.BuiltinMethodType)
 _PICKLE_NATIVE = frozenset({str, bytes, int, float, bool, type(None), tuple, list, dict})
 _BUILTIN_CALLABLES = (
     types.BuiltinFunctionType, types.MethodWrapperType, types.MethodDescriptorType,
@@ -178,6 +180,9 @@ class Fingerprinter:
         self._fps: dict[Key, bytes] = {}
         self._salt = b""
         self._ts: Any = None
+        self._rngs: dict[int, str] | None = None
+        self._rng_keep: object = None
+        self._rng_modules: tuple[object, object] = (None, None)
         self.failures: dict[Key, str] = {}
         """Keys the last ``fingerprint_graph`` call could not fingerprint, with the reason."""
         self.file_inputs: dict[Key, Files] = {}
@@ -382,6 +387,7 @@ class Fingerprinter:
         if not isinstance(node, ts.Task):
             raise UnfingerprintableError(f"unknown graph node type {type(node).__qualname__}")
         func = node.func
+        self._check_rng(func)
         if func is ts._execute_subgraph:
             return self._subgraph_digest(node)
         out = [_TASK, self._salt]
@@ -857,6 +863,7 @@ class Fingerprinter:
                 self._enc((fn.__defaults__, fn.__kwdefaults__), out)
                 self._enc_closure(fn, out)
         elif t is types.MethodType:
+            self._check_rng(fn.__self__)
             out.append(b"BM")
             self._enc(fn.__func__, out)
             self._enc(fn.__self__, out)
@@ -869,6 +876,9 @@ class Fingerprinter:
             self._class_parts(fn, out)
         else:
             owner = getattr(fn, "__self__", None)
+            self._check_rng(fn)
+            if owner is not None:
+                self._check_rng(owner)
             mod = getattr(fn, "__module__", None)
             if not isinstance(mod, str):
                 mod = getattr(getattr(fn, "__objclass__", None) or type(owner), "__module__", "builtins")
@@ -876,6 +886,78 @@ class Fingerprinter:
             out.append(b"L" + _name(str(mod)) + _name(str(qual)) + (self._module_version(mod) or b"?"))
             if owner is not None and type(owner) is not types.ModuleType:
                 self._enc(owner, out)
+
+    def _check_chains(self, fn: types.FunctionType, chains: Iterable[Chain]) -> None:
+        """Raise if a dotted reference of ``fn``'s code reaches the global RNG through modules.
+
+        ``np.random.normal`` is resolved as the global ``np``, then attribute by attribute
+        while the value is a module; whatever it stops at is checked (a module attribute
+        is never looked up on anything but a module, so no user code runs).
+        """
+        g = fn.__globals__
+        free = fn.__code__.co_freevars
+        for kind, root, attrs in chains:
+            if kind == "g":
+                value = g.get(root, _MISSING)
+            elif kind == "i":
+                value = sys.modules.get(root, _MISSING)
+            elif root in free and fn.__closure__:
+                try:
+                    value = fn.__closure__[free.index(root)].cell_contents
+                except ValueError:
+                    continue
+            else:
+                continue
+            for attr in attrs:
+                if type(value) is not types.ModuleType:
+                    break
+                value = value.__dict__.get(attr, _MISSING)
+            self._check_rng(value)
+
+    def _check_rng(self, value: object) -> None:
+        """Raise UnfingerprintableError if ``value`` is, or draws from, a global random number generator.
+
+        A task that draws from ``random``'s or ``numpy.random``'s global state depends on
+        the seed (and on every earlier draw) and advances that state as a side effect: a
+        cached result would be wrong after a reseed and would skip the side effect. Such
+        tasks (and their dependents) run uncached, like ``pure=False`` ones. Generator
+        objects passed as values (``np.random.default_rng(0)``) are fingerprinted by content.
+        """
+        rngs = self._rngs
+        if rngs is None or self._rng_modules != (sys.modules.get("random"), sys.modules.get("numpy.random.mtrand")):
+            rngs = self._load_rngs()
+        label = rngs.get(id(value))
+        if label is None and type(value) in _BOUND_TYPES:
+            label = rngs.get(id(getattr(value, "__self__", None)))
+        if label is not None:
+            raise UnfingerprintableError(f"draws from the global random number generator ({label}): impure, runs uncached")
+
+    def _load_rngs(self) -> dict[int, str]:
+        """id -> label of the global RNG objects of the loaded ``random`` and ``numpy.random``."""
+        found: dict[int, str] = {}
+        keep: list[object] = []
+        rnd = sys.modules.get("random")
+        mtrand = sys.modules.get("numpy.random.mtrand")
+        for module, state_name in ((rnd, "_inst"), (mtrand, "_rand")):
+            if module is None:
+                continue
+            state = getattr(module, state_name, None)
+            for name, value in list(vars(module).items()):
+                if callable(value) and not isinstance(value, type) and (
+                    module is mtrand or getattr(value, "__self__", None) is state
+                ):
+                    found[id(value)] = f"{module.__name__}.{name}"
+                    keep.append(value)
+            found[id(module)] = module.__name__
+            if state is not None:
+                found[id(state)] = f"{module.__name__}.{state_name}"
+                keep.append(state)
+        np_random = sys.modules.get("numpy.random")
+        if np_random is not None:
+            found[id(np_random)] = "numpy.random"
+        self._rngs, self._rng_keep = found, (keep, rnd, mtrand, np_random)
+        self._rng_modules = (rnd, mtrand)
+        return found
 
     def _enc_closure(self, fn: types.FunctionType, out: list[bytes]) -> None:
         for cell in fn.__closure__ or ():
@@ -893,6 +975,7 @@ class Fingerprinter:
         self._enc((fn.__defaults__, fn.__kwdefaults__), out)
         self._enc_closure(fn, out)
         g = fn.__globals__
+        self._check_chains(fn, info.chains)
         for name in gnames:
             try:
                 value = g[name]

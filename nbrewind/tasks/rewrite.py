@@ -2,15 +2,20 @@
 
 Given a materialized graph and the keys wanted, :func:`rewrite_graph`
 
-1. fingerprints every task the wanted keys depend on (keys that cannot be
-   fingerprinted, impure tasks and everything downstream of one stay as they are);
+1. fingerprints every task the wanted keys depend on, with the library settings
+   of this moment (:func:`~nbrewind.tasks.settings.task_settings`, read once per
+   graph) folded into each (keys that cannot be fingerprinted, impure tasks,
+   tasks drawing from a global RNG and everything downstream of one stay as they
+   are; so does the whole graph when a setting cannot be read);
 2. walks down from the wanted keys: a task whose fingerprint has a cached entry
    becomes a load task (no dependencies: what fed it is culled unless another
    task still needs it); any other cacheable task is wrapped to store its result
    where it runs (and to see its fingerprint while it runs, for
    ``nbrewind.checkpoint``/``resume``: see ``resume.py``); the walk continues
    below uncached tasks only;
-3. queues one task-log row per load or wrapped task on the :class:`TaskCache`.
+3. queues one task-log row per load or wrapped task on the :class:`TaskCache`,
+   with the local files its fingerprint covers (a wrapped task also stores them
+   with its result, so a later hit can report them).
 
 Keys are kept, so futures, per-key annotations and output keys are unaffected.
 Dask is imported lazily.
@@ -26,6 +31,7 @@ from typing import Any
 
 from nbrewind.tasks.cache import TaskCache, is_impure, load_result
 from nbrewind.tasks.resume import run_resumable
+from nbrewind.tasks.settings import task_settings
 
 __all__ = ["FALLBACK_LIMIT", "Rewritten", "flatten_keys", "rewrite_graph"]
 
@@ -151,8 +157,15 @@ def rewrite_graph(
             for d in node.dependencies:
                 if d not in graph and d in known:
                     external[d] = known[d]
+    settings = task_settings()
+    if settings is None:
+        all_impure = True  # settings we cannot read cannot vouch for a cached result
     with cache.lock:
-        fps = cache.fingerprinter.fingerprint_graph(graph, outputs, external=external)
+        fingerprinter = cache.fingerprinter
+        fps = fingerprinter.fingerprint_graph(
+            graph, outputs, external=external, external_files=cache.known_files(external), settings=settings
+        )
+        files = fingerprinter.file_inputs
     tainted = _tainted(graph, cache, all_impure, ts)
     out = Rewritten({})
     new = out.dsk
@@ -165,16 +178,17 @@ def rewrite_graph(
         fp = fps.get(k)
         if fp is not None and k not in tainted and _cacheable(node, ts):
             prefix = key_split(k)
-            spec = cache.spec(fp, prefix)
+            task_files = files.get(k)
+            spec = cache.spec(fp, prefix, task_files)
             entry = cache.lookup(fp)
             if entry is not None:
                 new[k] = ts.Task(k, load_result, spec, entry, _fallback(graph, k))
-                cache.note(fp, prefix, hit=True, entry=entry)
+                cache.note(fp, prefix, hit=True, entry=entry, files=task_files)
                 out.hits += 1
                 continue
             new[k] = ts.Task(k, run_resumable, spec, node.func, *node.args,
                              _data_producer=node.data_producer, **node.kwargs)
-            cache.note(fp, prefix, hit=False)
+            cache.note(fp, prefix, hit=False, files=task_files)
             out.misses += 1
         else:
             new[k] = node
@@ -182,5 +196,5 @@ def rewrite_graph(
         stack.extend(d for d in node.dependencies if d in graph and d not in new)
     out.culled = len(graph) - len(new)
     out.fingerprints = {k: fps[k] for k in outputs if k in fps and k not in tainted}
-    cache.remember(out.fingerprints)
+    cache.remember(out.fingerprints, {k: files[k] for k in out.fingerprints if k in files})
     return out
