@@ -32,6 +32,10 @@ grows by one entry every time a scheduler starts; two identical runs would never
   last ``"error"`` one decide that (without an ``"error"`` filter, none count).
   Libraries add filters when they are imported, so the whole list would differ
   between a run that imported a library before a compute and one that did not;
+- ``sys.path`` entries that are the work directories of distributed servers
+  running in this process: every scheduler and worker inserts its fresh, randomly
+  named directory (for ``Client.upload_file``) at the front, so a
+  ``LocalCluster(processes=False)`` made again would change ``sys.path``;
 - matplotlib's backend (already left out by the identity registry).
 
 Not seen at all: state a task reads on a worker in another process (its own
@@ -91,6 +95,31 @@ def _matplotlib_get() -> Any:
     return {k: v for k, v in list(dict.items(rc)) if k not in ("backend", "backend_fallback")}
 
 
+def _dask_work_dirs() -> set[str]:
+    """The work directories of the distributed servers living in this process."""
+    found = set()
+    for module_name, class_name in (
+        ("distributed.worker", "Worker"), ("distributed.scheduler", "Scheduler"), ("distributed.nanny", "Nanny")
+    ):
+        cls = getattr(sys.modules.get(module_name), class_name, None)
+        for server in list(getattr(cls, "_instances", ())):
+            directory = getattr(server, "local_directory", None)
+            if isinstance(directory, str):
+                found.add(directory)
+    return found
+
+
+_IDENTITY_SYS_PATH = next(s.get for s in REGISTRY if s.name == "sys.path")
+
+
+def _sys_path_get() -> Any:
+    snapshot = _IDENTITY_SYS_PATH()
+    work_dirs = _dask_work_dirs()
+    if not work_dirs:
+        return snapshot
+    return {k: [p for p in v if p not in work_dirs] for k, v in snapshot.items()}
+
+
 def _no_put(snapshot: Any) -> None:
     raise NotImplementedError("task settings are digested, not restored")
 
@@ -100,6 +129,7 @@ _OWN = {
     "warnings": _warnings_get,
     "pandas": _pandas_get,
     "matplotlib": _matplotlib_get,
+    "sys.path": _sys_path_get,
 }
 
 TASK_REGISTRY: list[Setting] = [
