@@ -231,6 +231,7 @@ class Fingerprinter:
         them uncached. ``self.file_inputs`` tells which files each key covers.
         """
         self._load_dask()
+        self._refresh_rngs()
         if not isinstance(dsk, dict):
             dsk = dict(dsk)
         roots = list(dsk) if keys_subset is None else list(keys_subset)
@@ -253,6 +254,7 @@ class Fingerprinter:
 
     def fingerprint_value(self, obj: object) -> str:
         """Content fingerprint of one value, as it would count as a task argument."""
+        self._refresh_rngs()
         try:
             out = [_VALUE]
             self._enc(obj, out)
@@ -261,7 +263,11 @@ class Fingerprinter:
             self._end_run()
 
     def fingerprint_function(self, fn: Callable[..., Any]) -> str:
-        """Fingerprint of a callable: by code for user functions, by name and version for library ones."""
+        """Fingerprint of a callable: by code for user functions, by name and version for library ones.
+
+        Raises UnfingerprintableError for one that draws from a global RNG.
+        """
+        self._refresh_rngs()
         try:
             out = [_FUNC]
             self._enc(fn, out)
@@ -924,13 +930,18 @@ class Fingerprinter:
         objects passed as values (``np.random.default_rng(0)``) are fingerprinted by content.
         """
         rngs = self._rngs
-        if rngs is None or self._rng_modules != (sys.modules.get("random"), sys.modules.get("numpy.random.mtrand")):
+        if rngs is None:
             rngs = self._load_rngs()
         label = rngs.get(id(value))
         if label is None and type(value) in _BOUND_TYPES:
             label = rngs.get(id(getattr(value, "__self__", None)))
         if label is not None:
             raise UnfingerprintableError(f"draws from the global random number generator ({label}): impure, runs uncached")
+
+    def _refresh_rngs(self) -> None:
+        """Forget the RNG table if ``random`` or ``numpy.random`` was (re)loaded since it was made."""
+        if self._rng_modules != (sys.modules.get("random"), sys.modules.get("numpy.random.mtrand")):
+            self._rngs = None
 
     def _load_rngs(self) -> dict[int, str]:
         """id -> label of the global RNG objects of the loaded ``random`` and ``numpy.random``."""
