@@ -9,7 +9,6 @@ directory.  Each piece here is small: a digest or snapshot function, and a
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import random
 import sys
@@ -30,7 +29,6 @@ __all__ = [
     "env_diff",
     "env_snapshot",
     "file_digest",
-    "isolating_background_draws",
     "restore_rng",
     "rng_states",
 ]
@@ -292,47 +290,3 @@ def watching_seeds() -> Iterator[dict[str, bool]]:
     finally:
         for module, attr, original in reversed(patched):
             setattr(module, attr, original)
-
-
-_RANDOM_STATE_FUNCTIONS = frozenset({"getstate", "setstate", "seed"})
-
-
-@contextlib.contextmanager
-def isolating_background_draws() -> Iterator[None]:
-    """While a cell runs, draws other threads make through ``random``'s module functions
-    come from a private generator instead of the global one.
-
-    Libraries keep threads that draw from ``random`` on their own schedule (distributed's
-    scheduler and heartbeats do); left alone, every cell run next to a cluster would look as
-    if it consumed the global RNG state, and never replay. Draws from the thread that runs
-    the cell, and draws through functions a library imported by name before the cell,
-    still use the global generator, so a cell that really consumes it is still seen to.
-    """
-    cell_thread = threading.get_ident()
-    private = random.Random()
-    patched: list[tuple[str, Any]] = []
-    for name in dir(random):
-        if name.startswith("_") or name in _RANDOM_STATE_FUNCTIONS:
-            continue
-        original = getattr(random, name)
-        if getattr(original, "__self__", None) is not random._inst:
-            continue
-        setattr(random, name, _routed(original, getattr(private, name), cell_thread))
-        patched.append((name, original))
-    try:
-        yield
-    finally:
-        for name, original in patched:
-            setattr(random, name, original)
-
-
-def _routed(shared: Any, own: Any, cell_thread: int) -> Any:
-    """`shared` when called from the cell's thread, else `own`."""
-
-    @functools.wraps(shared)
-    def routed(*args: Any, **kwargs: Any) -> Any:
-        if threading.get_ident() == cell_thread:
-            return shared(*args, **kwargs)
-        return own(*args, **kwargs)
-
-    return routed

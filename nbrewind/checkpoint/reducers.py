@@ -66,11 +66,11 @@ def array_root(array: Any, ndarray: type) -> Any:
     base), but not all (across subclasses, or arrays made over a foreign buffer),
     so the chain is followed to its end.
     """
-    root = array
-    base = array.base
+    root: Any = array
+    base: Any = array.base
     while isinstance(base, ndarray):
         root = base
-        base = base.base
+        base = getattr(base, "base", None)
     return root
 
 

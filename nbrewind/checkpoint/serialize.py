@@ -418,7 +418,7 @@ def _module_record(obj: object) -> Unserializable | None:
     if issubclass(type(obj), types.ModuleType):  # not isinstance: see pickle_group
         # Faithful by reference, but a module is not data: the session records
         # imports by name and re-imports them rather than storing a blob.
-        return Unserializable(_type_name(obj), f"module {obj.__name__!r} is re-imported, not stored")
+        return Unserializable(_type_name(obj), f"module {getattr(obj, '__name__', '?')!r} is re-imported, not stored")
     return None
 
 

@@ -23,13 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from nbrewind.analysis import DYNAMIC_NAMES, CellEffects, analyze_cell, transitive_reads
+from nbrewind.analysis.uses import attribute_names, name_uses
 from nbrewind.checkpoint import hidden
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.outputs import OutputCapture, decode_outputs, encode_outputs, for_replay
 from nbrewind.checkpoint.serialize import Unserializable, digest_value
 from nbrewind.checkpoint.values import StagedGroup, stage_group, stage_json
+from nbrewind.checkpoint.world import WorldTracker
 from nbrewind.errors import NbrewindError, ObjectNotFoundError
-from nbrewind.session import policy
+from nbrewind.session import outside, policy, purity
 from nbrewind.session.plan import (
     ABSENT,
     CellPlan,
@@ -83,6 +85,8 @@ class Session(RestoreMixin):
         self._state: LiveState | None = None
         self._store_failed = False
         self._files: hidden.FileTracker | None = None
+        self._world: WorldTracker | None = None
+        self._outside: outside.Outside | None = None
         self._checkpoint_id: int | None = None
         self.last: LastCell | None = None
         self._pending_rng: dict[str, Entry] = {}
@@ -123,6 +127,9 @@ class Session(RestoreMixin):
             self._store = Store.open(self.store_location(), create=True)
             self._state = LiveState(self._store.objects, self.namespace)
             self._files = hidden.FileTracker(exclude=[str(self._store.root), *hidden.default_exclusions()])
+            files = self._files
+            self._world = WorldTracker(files.excluded, lambda path: path in files.writes)
+            self._outside = outside.Outside(self._store.objects, self._state.entries, self._rel, self._abs)
             # Every Dask task run from now until close() is cached in this store.
             self._task_cache = self._interception.enter_context(intercepting(TaskCache(self._store.root)))
         return self._store
@@ -188,6 +195,7 @@ class Session(RestoreMixin):
         except Exception:
             transformed = code
         effects = analyze_cell(transformed)
+        uses = name_uses(transformed)
         plan = CellPlan(
             record=True,
             code=code,
@@ -196,13 +204,10 @@ class Session(RestoreMixin):
             cell_id=cell_id,
             msg_id=msg_id,
             effects=effects,
+            uses=uses,
         )
         plan.reads = self._reads(effects)
         plan.inputs = {name: self._key(name) for name in sorted(plan.reads)}
-        if effects.dynamic or "environ" in transformed or "getenv" in transformed:
-            # Environment variables the notebook set are inputs of cells that may read them.
-            for name in [n for n in self.state.entries if n.startswith("@env:")]:
-                plan.inputs[name] = self._hidden_key(name)
         if effects.dynamic or plan.reads & DYNAMIC_NAMES:
             # `'x' in globals()`: which names exist is itself an input.
             plan.inputs["@names"] = self._hidden_key("@names")
@@ -242,7 +247,15 @@ class Session(RestoreMixin):
             return "unserializable|" + vd.type_name
         return "untracked|" + vd
 
+    @property
+    def outside(self) -> outside.Outside:
+        self.store
+        assert self._outside is not None
+        return self._outside
+
     def _hidden_key(self, name: str) -> str:
+        if outside.owns(name):
+            return self.outside.key(name)
         if name.startswith("@rng:"):
             pending = self._pending_rng.get(name[5:])
             return pending.key if pending is not None else hidden.rng_states().get(name[5:], ABSENT)
@@ -299,16 +312,23 @@ class Session(RestoreMixin):
         for name, recorded in (run.inputs or {}).items():
             current = self._hidden_key(name) if name.startswith("@") else self._key(name)
             if current != recorded:
+                if name == outside.IMPURE:
+                    return f"the recorded run {recorded}, which a replay cannot do"
                 what = name[1:] if name.startswith("@") else name
                 return f"input {what} changed"
         return None
 
     def _start_run(self, plan: CellPlan) -> None:
         self._apply_pending_rng()
+        self.outside.apply_pending()
         try:
             self._rebuild_pending_clients()
         except Exception as exc:
             self._warn("could not bring back the Dask client a replayed cell made", exc)
+        plan.outside_before = self.outside.before()
+        if plan.effects is not None and plan.effects.mutated:
+            plan.module_bindings = outside.bindings(outside.installed_modules(plan.effects.mutated, self.namespace))
+        plan.inputs.update(plan.outside_before)
         plan.started = time.perf_counter()
         plan.rng_before = hidden.rng_states()
         plan.env_before = hidden.env_snapshot()
@@ -319,8 +339,10 @@ class Session(RestoreMixin):
         assert self._files is not None
         self._files.clear()
         stack.enter_context(self._files.tracking())
+        assert self._world is not None
+        self._world.clear()
+        stack.enter_context(self._world.tracking())
         plan.seeded = stack.enter_context(hidden.watching_seeds())
-        stack.enter_context(hidden.isolating_background_draws())
         plan.tracking = stack
 
     # -- after a cell ran -----------------------------------------------------------
@@ -347,13 +369,8 @@ class Session(RestoreMixin):
         objects = self.store.objects
         user = self._user_names()
         effects = plan.effects
-        candidates = state.rebound(user, ns) | set(effects.writes) | policy.possibly_mutated(effects, ns)
-        candidates |= set(effects.deferred_writes)
-        # Globals reached only through notebook functions the cell called may have
-        # been mutated by them (`def note(v): seen.append(v)`).
-        candidates |= {n for n in plan.reads - set(effects.reads) if not is_function_entry(state.entries.get(n))}
-        # A called notebook function may have changed its own mutable defaults.
-        candidates |= {n for n in plan.reads if is_function_entry(state.entries.get(n))}
+        candidates = state.rebound(user, ns) | set(effects.writes) | set(effects.deferred_writes)
+        candidates |= self._reached(plan, user)
         if effects.dynamic:
             candidates |= user
         before = {k: (v.digest, v.to_meta()) for k, v in state.entries.items()}
@@ -366,6 +383,18 @@ class Session(RestoreMixin):
             return {"code": plan.transformed, "parent_entries": context_docs[0].digest}
 
         result = state.checkpoint(ns, user, candidates, unserializable_context=rebuild_context)
+        classes = tuple(dict.__getitem__(ns, n) for n in result.changed if isinstance(dict.get(ns, n), type))
+        if classes:
+            # Instances pickle their class: changing a class (`C.f = ...`) changes every instance of it.
+            instances = {
+                n for n in user - set(result.changed) if dict.__contains__(ns, n) and isinstance(dict.__getitem__(ns, n), classes)
+            }
+            if instances:
+                more = state.checkpoint(ns, user, instances, unserializable_context=rebuild_context)
+                result.changed.update(more.changed)
+                result.staged.extend(more.staged)
+                result.bytes_written += more.bytes_written
+                result.unserializable.update(more.unserializable)
         if isinstance(ns, LazyNamespace):
             for name in result.changed:
                 ns.discard_pending(name)
@@ -376,6 +405,11 @@ class Session(RestoreMixin):
         # Hidden state: RNGs, files, environment, working directory.
         rng_after = hidden.rng_states()
         saved = hidden.capture_rng()
+        if self._touches_rng(plan):
+            # It may read a global RNG's state without drawing (`random.getstate()`).
+            for which, digest in plan.rng_before.items():
+                if not plan.seeded.get(which):
+                    inputs[f"@rng:{which}"] = digest
         for which, digest in rng_after.items():
             if plan.rng_before.get(which) != digest:
                 if which in plan.rng_before and not plan.seeded.get(which):
@@ -388,9 +422,25 @@ class Session(RestoreMixin):
                 staged.append(stored)
                 changed[f"@rng:{which}"] = Entry(stored.digest, HIDDEN, digest, (), {"what": "rng", "rng": which})
                 written += stored.new_bytes
+        world = self._world
+        assert world is not None
+        for path, db_digest in world.databases.items():
+            # sqlite opens its file in C: read before, and possibly written by, the cell.
+            self._files.read_digests.setdefault(path, db_digest)
+            self._files.reads.add(path)
+            self._files.writes.add(path)
         for path in sorted(self._files.reads):
             found = self._files.read_digests.get(path, hidden.file_digest(path))
             inputs[f"@file:{self._rel(path)}"] = found or ABSENT
+        self.outside.world_inputs(world, plan.env_before, inputs, env_key)
+        outside_bytes, impure = self.outside.after(plan.outside_before, inputs, changed, staged)
+        written += outside_bytes
+        if not any(k.startswith("@setting:") for k in changed):
+            impure += [f"changes module {m}, which a replay cannot restore" for m in outside.rebound_modules(plan.module_bindings)]
+        if "reload" in effects.reads or "reload" in plan.reads:
+            impure.append("reloads a module")
+        if impure:
+            inputs[outside.IMPURE] = "; ".join(sorted(set([inputs[outside.IMPURE]] if outside.IMPURE in inputs else []) | set(impure)))
         for path in sorted(self._files.writes):
             rel = self._rel(path)
             if os.path.isdir(path):
@@ -402,7 +452,7 @@ class Session(RestoreMixin):
                 changed[f"@file:{rel}"] = Entry(blob.digest, HIDDEN, hidden.file_digest(path) or ABSENT, (), {"what": "file", "path": rel})
             else:
                 changed[f"@file:{rel}"] = Entry(ABSENT, HIDDEN, ABSENT, (), {"what": "file", "path": rel, "deleted": True})
-        if self._files.reads or self._files.writes:
+        if self._files.writes:
             inputs["@cwd"] = self._rel(plan.cwd_before)
         for var, value in hidden.env_diff(plan.env_before, hidden.env_snapshot()).items():
             changed[f"@env:{var}"] = Entry(ABSENT, HIDDEN, env_key(value), (), {"what": "env", "var": var, "value": value})
@@ -410,6 +460,14 @@ class Session(RestoreMixin):
             rel = self._rel(os.getcwd())
             changed["@cwd"] = Entry(ABSENT, HIDDEN, rel, (), {"what": "cwd", "path": rel})
         state.entries.update({k: v for k, v in changed.items() if k.startswith("@")})
+        tasks = self._task_cache.drain_log() if self._task_cache is not None else []
+        if tasks and self._task_cache is not None:
+            # A task served from the cache opened nothing: the files its result rests on
+            # (recorded when it ran) are inputs of this cell all the same.
+            for path, digest in self._task_cache.file_inputs(tasks).items():
+                inputs.setdefault(f"@file:{self._rel(path)}", digest)
+        if any(k.startswith("@file:") for k in inputs):
+            inputs["@cwd"] = self._rel(plan.cwd_before)
         outputs_digest = self._stage_outputs(outputs, staged)
         count = self._count(reply)
         reason = "audit records every cell" if self.mode == "audit" else plan.reason
@@ -425,10 +483,38 @@ class Session(RestoreMixin):
             bytes_written=written,
         )
         self.last = LastCell(count, "executed", reason, duration, written, result.seconds)
-        self._submit(run, staged, written)
+        self._submit(run, staged, written, tasks)
         if result.unserializable:
             names = ", ".join(sorted(result.unserializable))
             print(f"NBRewind: {names} cannot be stored; a repeat rebuilds it by running this cell.", file=sys.stderr)
+
+    def _reached(self, plan: CellPlan, user: set[str]) -> set[str]:
+        """Names whose values the cell could have changed in place: everything it reached,
+        except what `purity` proves untouched (immutable, or only used in ways that cannot
+        mutate a value of exactly its type)."""
+        assert plan.effects is not None
+        ns = self.namespace
+        direct = set(plan.effects.reads) - set(plan.effects.deferred_reads)
+        if plan.uses is None:
+            direct = set()
+        out = set(plan.effects.mutated) | set(plan.effects.deletes)
+        for name in (plan.reads | set(plan.effects.mutated)) & user:
+            if not dict.__contains__(ns, name) or name in out:
+                continue
+            if name in direct and purity.proven_unchanged(dict.__getitem__(ns, name), (plan.uses or {}).get(name), ns):
+                continue
+            out.add(name)
+        return out
+
+    def _touches_rng(self, plan: CellPlan) -> bool:
+        if plan.uses is not None and outside.touches_rng(set(plan.uses) | attribute_names(plan.transformed)):
+            # Attribute names count too: `np.random.get_state()` touches an RNG.
+            return True
+        ns = self.namespace
+        for name in plan.reads - set(plan.effects.reads if plan.effects else ()):
+            if dict.__contains__(ns, name) and outside.touches_rng(outside.code_names(dict.__getitem__(ns, name))):
+                return True
+        return plan.uses is None
 
     def _run_record(
         self, plan: CellPlan, count: int, decision: str, reason: str, duration: float, **fields: Any
@@ -458,7 +544,7 @@ class Session(RestoreMixin):
         staged.extend([*blobs, tree])
         return tree.digest
 
-    def _submit(self, run: dict[str, Any], staged: list[Any], nbytes: int) -> None:
+    def _submit(self, run: dict[str, Any], staged: list[Any], nbytes: int, tasks: list[Any] | None = None) -> None:
         """Queue the cell run's record: its objects are written first, then the catalog rows.
 
         Everything a catalog row points at is durable before the row exists, so a
@@ -466,9 +552,8 @@ class Session(RestoreMixin):
         checkpoint (the full name -> entry map) is captured now.
         """
         entries = {k: (v.digest, v.to_meta()) for k, v in self.state.entries.items()}
-        tasks = self._task_cache.drain_log() if self._task_cache is not None else []
         last = self.last
-        self.writer.submit(functools.partial(self._commit, run, entries, staged, tasks, last), nbytes)
+        self.writer.submit(functools.partial(self._commit, run, entries, staged, tasks or [], last), nbytes)
 
     def _commit(
         self, run: dict[str, Any], entries: dict[str, Any], staged: list[Any], tasks: list[Any], last: LastCell | None

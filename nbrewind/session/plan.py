@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbrewind.analysis import CellEffects
+from nbrewind.analysis.uses import Use
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.session.state import Entry
 from nbrewind.store.catalog import CellRun
@@ -40,6 +41,9 @@ class CellPlan:
     cwd_before: str = ""
     tracking: contextlib.ExitStack | None = None
     seeded: dict[str, bool] = field(default_factory=dict)
+    outside_before: dict[str, str] = field(default_factory=dict)
+    uses: dict[str, list[Use]] | None = None
+    module_bindings: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """The library settings a task fingerprint covers, digested once per graph submission.
 
-The settings are those of `nbrewind.identity.settings.REGISTRY` (the ones cell
-keys and checkpoints track), read through a task's view of them (below) and
-digested with a fast type-tagged encoding of their own.
+The settings are those of `nbrewind.identity.settings.REGISTRY`, the ones cell
+keys and checkpoints track, with the same exclusions (dask.config's scheduler
+keys and ``distributed`` tree, distributed's work directories on sys.path);
+only the warnings filters are seen differently by a task (below).
 
 A task's result can depend on configuration outside its code and arguments:
 ``np.seterr(all="raise")`` turns a warning into an exception, a pandas option
@@ -47,30 +48,16 @@ synchronous scheduler see).
 
 from __future__ import annotations
 
-import struct
-import sys
 import warnings
 from collections.abc import Iterable
 from typing import Any
 
-import xxhash
-
-from nbrewind.identity.settings import REGISTRY, Setting, canonical_bytes
+from nbrewind.identity.settings import DASK_CONFIG_EXCLUDED, REGISTRY, Setting, settings_digests
 
 __all__ = ["DASK_CONFIG_EXCLUDED", "TASK_REGISTRY", "task_settings"]
 
-#: Top-level dask.config keys that are not part of a task's fingerprint (see the module docstring).
-DASK_CONFIG_EXCLUDED = frozenset({"scheduler", "get", "pool", "distributed"})
 
-_pack_d = struct.Struct("<d").pack
-
-
-def _dask_get() -> Any:
-    config = sys.modules["dask.config"].config
-    return {k: v for k, v in list(config.items()) if k not in DASK_CONFIG_EXCLUDED}
-
-
-def _warnings_get() -> Any:
+def _warnings_view() -> Any:
     filters = list(warnings.filters)
     last_error = max((i for i, f in enumerate(filters) if f[0] == "error"), default=-1)
     out = []
@@ -85,116 +72,16 @@ def _warnings_get() -> Any:
     return out
 
 
-def _pandas_get() -> Any:
-    # The live option tree: digested, never kept, so no copy is needed.
-    return sys.modules["pandas._config.config"]._global_config
-
-
-def _matplotlib_get() -> Any:
-    rc = sys.modules["matplotlib"].rcParams
-    return {k: v for k, v in list(dict.items(rc)) if k not in ("backend", "backend_fallback")}
-
-
-def _dask_work_dirs() -> set[str]:
-    """The work directories of the distributed servers living in this process."""
-    found = set()
-    for module_name, class_name in (
-        ("distributed.worker", "Worker"), ("distributed.scheduler", "Scheduler"), ("distributed.nanny", "Nanny")
-    ):
-        cls = getattr(sys.modules.get(module_name), class_name, None)
-        for server in list(getattr(cls, "_instances", ())):
-            directory = getattr(server, "local_directory", None)
-            if isinstance(directory, str):
-                found.add(directory)
-    return found
-
-
-_IDENTITY_SYS_PATH = next(s.get for s in REGISTRY if s.name == "sys.path")
-
-
-def _sys_path_get() -> Any:
-    snapshot = _IDENTITY_SYS_PATH()
-    work_dirs = _dask_work_dirs()
-    if not work_dirs:
-        return snapshot
-    return {k: [p for p in v if p not in work_dirs] for k, v in snapshot.items()}
-
-
-def _no_put(snapshot: Any) -> None:
-    raise NotImplementedError("task settings are digested, not restored")
-
-
-_OWN = {
-    "dask.config": _dask_get,
-    "warnings": _warnings_get,
-    "pandas": _pandas_get,
-    "matplotlib": _matplotlib_get,
-    "sys.path": _sys_path_get,
-}
-
 TASK_REGISTRY: list[Setting] = [
-    Setting(s.name, s.module, _OWN[s.name], _no_put) if s.name in _OWN else s for s in REGISTRY
+    Setting(s.name, s.module, s.get, s.put, _warnings_view) if s.name == "warnings" else s for s in REGISTRY
 ]
-"""The identity registry as a task sees it: the same names, with the getters above where they differ."""
+"""The identity registry as a task sees it: the same settings, warnings filters up to the last "error"."""
 
 
 def task_settings(registry: Iterable[Setting] | None = None) -> dict[str, str] | None:
     """{setting name: digest} of the loaded libraries' settings, or None if one cannot be read.
 
     None means the settings cannot vouch for a result: the caller must not serve
-    or store cached results for this graph (a constant "unreadable" digest would
-    let two different settings look equal). A setting read while another thread
-    changes it is retried once before giving up.
+    or store cached results for this graph.
     """
-    out = {}
-    for setting in TASK_REGISTRY if registry is None else registry:
-        if setting.module not in sys.modules:
-            continue
-        for attempt in range(2):
-            try:
-                parts: list[bytes] = [b"nbrewind.task-setting.v1|"]
-                _encode(setting.get(), parts)
-                break
-            except Exception:  # noqa: BLE001 - mutated while read, or a library we cannot read
-                if attempt:
-                    return None
-        out[setting.name] = xxhash.xxh3_128_hexdigest(b"".join(parts))
-    return out
-
-
-def _encode(value: Any, out: list[bytes]) -> None:
-    """Type-tagged, order-free bytes of a settings snapshot (dict order never counts).
-
-    A fast path for the plain values settings hold (3-4x faster than pickling
-    every scalar, which matters once per graph submission); anything else is
-    `nbrewind.identity.settings.canonical_bytes`'s encoding, under its own tag.
-    """
-    t = type(value)
-    if t is str:
-        raw = value.encode("utf-8", "surrogatepass")
-        out.append(b"s%d:" % len(raw))
-        out.append(raw)
-    elif value is None or t is bool:
-        out.append(b"N" if value is None else b"T" if value else b"F")
-    elif t is int:
-        out.append(b"i%d;" % value)
-    elif t is float:
-        out.append(b"d" + _pack_d(value))
-    elif t is dict:
-        items = []
-        for k, v in list(value.items()):
-            sub: list[bytes] = []
-            _encode(k, sub)
-            _encode(v, sub)
-            items.append(b"".join(sub))
-        items.sort()
-        out.append(b"{%d:" % len(items))
-        out.extend(items)
-    elif t is list or t is tuple:
-        out.append((b"[%d:" if t is list else b"(%d:") % len(value))
-        for x in value:
-            _encode(x, out)
-    else:
-        raw = canonical_bytes(value)
-        out.append(b"o%d:" % len(raw))
-        out.append(raw)
+    return settings_digests(TASK_REGISTRY if registry is None else registry, tag=b"nbrewind.task-setting.v1|")

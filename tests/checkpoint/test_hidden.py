@@ -239,27 +239,6 @@ def test_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert cwd() == str(tmp_path)
 
 
-def test_background_threads_do_not_consume_the_global_rng_while_isolated() -> None:
-    """distributed's threads draw from `random` on their own schedule; a cell must not look
-    as if it consumed the global state because of them."""
-    import random
-    import threading
-
-    from nbrewind.checkpoint.hidden import isolating_background_draws, rng_states
-
-    random.seed(3)
-    before = rng_states()["random"]
-    with isolating_background_draws():
-        worker = threading.Thread(target=lambda: [random.random() for _ in range(10)])
-        worker.start()
-        worker.join()
-        assert rng_states()["random"] == before
-        random.random()  # the cell's own thread draws from the global generator
-        assert rng_states()["random"] != before
-    original = random.random
-    assert getattr(original, "__self__", None) is random._inst  # restored on exit
-
-
 def test_opening_a_directory_for_an_unnamed_temp_file_is_not_a_write(tmp_path: Path) -> None:
     import os
     import tempfile

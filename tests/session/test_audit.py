@@ -276,3 +276,57 @@ def test_keyboard_interrupt_during_checkpointing_leaves_the_store_consistent(
         runs = store.catalog.cell_runs()
         assert [r.code for r in runs][-1] == "c = 1"
         assert "b" in store.catalog.checkpoint_entries(runs[-1].checkpoint_id)
+
+
+def test_the_audit_never_changes_what_threads_draw_from_the_global_rng(runner: Runner) -> None:
+    """User threads draw from the global generator exactly as on a plain kernel: the audit
+    routes no draw elsewhere (it used to give threads a private generator)."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    cell = (
+        "import random\nfrom concurrent.futures import ThreadPoolExecutor\nrandom.seed(1)\n"
+        "with ThreadPoolExecutor(1) as pool:\n    drawn = list(pool.map(lambda _: random.random(), range(3)))"
+    )
+    runner.run([cell])
+    random.seed(1)
+    with ThreadPoolExecutor(1) as pool:
+        plain = list(pool.map(lambda _: random.random(), range(3)))
+    assert runner.ns["drawn"] == plain
+
+
+def test_reads_the_static_analysis_cannot_see_are_re_digested(runner: Runner) -> None:
+    """In-place changes through methods, out= arguments, **kwargs, stored bound methods and
+    defaultdict reads change the recorded digest of the value (keys are content)."""
+    cells = [
+        "import numpy as np, collections",
+        "lst = [3, 1, 2]\na = np.ones(4)\nd = collections.defaultdict(list)\nbox = []\npush = box.append",
+        "lst.sort()",
+        "np.exp(a, out=a)",
+        "d['k']",
+        "push(2)",
+    ]
+    runner.run(cells[:2])
+    before = dict(_entries(runner))
+    runner.run(cells[2:], fresh=False)
+    after = _entries(runner)
+    for name in ("lst", "a", "d", "box"):
+        assert after[name].key != before[name].key, name
+
+
+def test_a_read_only_use_of_a_big_array_is_not_re_digested(runner: Runner) -> None:
+    """Proven pure uses (a reduction method, len(), an attribute) cost no re-digest."""
+    runner.run(["import numpy as np", "a = np.ones(1000)"])
+    assert runner.session is not None
+    seen: list[str] = []
+    real = runner.session.state.checkpoint
+
+    def spy(ns, user, candidates, **kw):  # type: ignore[no-untyped-def]
+        seen.extend(candidates)
+        return real(ns, user, candidates, **kw)
+
+    runner.session.state.checkpoint = spy  # type: ignore[method-assign]
+    runner.run(["total = a.sum() + len(a) + a.shape[0]"], fresh=False)
+    assert "a" not in seen and "total" in seen
+    runner.run(["a.sort()"], fresh=False)
+    assert "a" in seen

@@ -1,0 +1,270 @@
+"""State outside the namespace that cell keys depend on and replays must restore:
+library settings, the user's own modules, and what a cell read of the world.
+
+Pseudo-inputs and pseudo-variables this module owns (their names are keys of a
+cell run's `inputs` and of a checkpoint's entries):
+
+| name | input: digest of | written entry restores |
+|---|---|---|
+| ``@setting:<name>`` | a registered library setting (identity.settings) | the setting's snapshot |
+| ``@src:<module>`` | a local module's source file | (never written) |
+| ``@mstate:<module>`` | a local module's data attributes | those attributes |
+| ``@dir:<path>`` | the names a listing returned | (never written) |
+| ``@stat:<path>`` | what a stat could tell (missing, dir, size and content) | (never written) |
+| ``@impure`` | why the cell can never be replayed; never matches | (never written) |
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import types
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from nbrewind.checkpoint.serialize import Unserializable, digest_value
+from nbrewind.checkpoint.values import load_group, stage_group
+from nbrewind.checkpoint.world import listing_key, stat_key
+from nbrewind.identity import settings as settings_registry
+from nbrewind.identity.files import file_digest
+from nbrewind.identity.modules import is_local_module, local_modules, module_source_path
+from nbrewind.session.state import HIDDEN, Entry
+from nbrewind.store.objects import ObjectStore
+
+ABSENT = "absent"
+IMPURE = "@impure"
+_PREFIXES = ("@setting:", "@src:", "@mstate:", "@dir:", "@stat:")
+# Names through which code reads a global RNG's state without drawing from it
+# (`random.getstate()`, `np.random.get_state()`, the generators behind the module
+# functions). A draw changes the state and is seen without them; seeding and making
+# a new generator (`default_rng(7)`, `random.Random()`) do not read the global state.
+RNG_NAMES = frozenset({"getstate", "get_state", "_inst", "_rand", "get_bit_generator"})
+
+
+def owns(name: str) -> bool:
+    """Whether `name` is a pseudo-input this module computes."""
+    return name == IMPURE or name.startswith(_PREFIXES)
+
+
+class Outside:
+    """Computes keys of the outside state and stages and applies its snapshots.
+
+    `rel` / `absolute` turn paths into the portable form used in names and back.
+    """
+
+    def __init__(self, objects: ObjectStore, entries: dict[str, Entry], rel: Callable[[str], str], absolute: Callable[[str], str]) -> None:
+        self.objects = objects
+        self.entries = entries
+        self.rel = rel
+        self.absolute = absolute
+        self.pending_settings: dict[str, Entry] = {}
+        settings_registry.note_sys_path_baseline()
+
+    # -- keys -------------------------------------------------------------------------
+
+    def key(self, name: str) -> str:
+        """The digest `name` has now (compare with a recorded input)."""
+        if name == IMPURE:
+            return ""  # never equal to a recorded reason: an impure cell always runs
+        if name.startswith("@setting:"):
+            return self.setting_keys([name[9:]]).get(name[9:], ABSENT)
+        if name.startswith("@src:"):
+            return self._source_key(name[5:])
+        if name.startswith("@mstate:"):
+            module = sys.modules.get(name[8:])
+            return module_state_key(module) if module is not None else ABSENT
+        if name.startswith("@dir:"):
+            return listing_key(self.absolute(name[5:]))
+        if name.startswith("@stat:"):
+            return stat_key(self.absolute(name[6:]))
+        return ABSENT
+
+    def setting_keys(self, names: Iterable[str] | None = None) -> dict[str, str]:
+        """Current digest of each setting: pending (replayed, not applied yet), live, or ABSENT."""
+        wanted = [s.name for s in settings_registry.REGISTRY] if names is None else list(names)
+        live = settings_registry.settings_digests([s for s in settings_registry.REGISTRY if s.name in wanted])
+        if live is None:
+            # Unreadable now: a key no record can match, so the cell runs.
+            return {name: f"unreadable|{uuid.uuid4().hex}" for name in wanted}
+        out = {}
+        for name in wanted:
+            pending = self.pending_settings.get(name)
+            out[name] = pending.key if pending is not None else live.get(name, ABSENT)
+        return out
+
+    def _source_key(self, module_name: str) -> str:
+        module = sys.modules.get(module_name)
+        path = module_source_path(module) if module is not None else None
+        if path is None:
+            try:
+                spec = importlib.util.find_spec(module_name)
+            except (ImportError, ValueError):
+                return ABSENT
+            path = spec.origin if spec is not None else None
+        return (file_digest(path) or ABSENT) if path else ABSENT
+
+    def before(self) -> dict[str, str]:
+        """Inputs every cell has: each setting, and each loaded local module's source and state."""
+        inputs = {f"@setting:{k}": v for k, v in self.setting_keys().items()}
+        for name, module in local_modules().items():
+            inputs[f"@src:{name}"] = self._source_key(name)
+            inputs[f"@mstate:{name}"] = module_state_key(module)
+        return inputs
+
+    # -- after a cell ran -----------------------------------------------------------------
+
+    def after(self, before: Mapping[str, str], inputs: dict[str, str], changed: dict[str, Entry], staged: list[Any]) -> tuple[int, list[str]]:
+        """Add what the cell changed outside the namespace to `changed` (staging snapshots).
+
+        Returns (bytes staged, reasons the cell cannot be replayed).
+        """
+        written = 0
+        impure: list[str] = []
+        now = self.setting_keys()
+        moved = [n for n, key in now.items() if before.get(f"@setting:{n}") != key and key != ABSENT]
+        if moved:
+            snapshots = settings_registry.capture_settings(moved)
+            for name in moved:
+                result = stage_group(self.objects, {"snapshot": snapshots[name]})
+                if isinstance(result, Unserializable):
+                    impure.append(f"changes the {name} setting to a value that cannot be stored")
+                    continue
+                staged.append(result)
+                written += result.new_bytes
+                changed[f"@setting:{name}"] = Entry(result.digest, HIDDEN, now[name], (), {"what": "setting", "setting": name})
+        for name, module in local_modules().items():
+            source = f"@src:{name}"
+            if source not in before:  # imported by this cell: it depended on the file it loaded
+                inputs[source] = self._source_key(name)
+            state = module_state_key(module)
+            if before.get(f"@mstate:{name}", "") == state:
+                continue
+            result = stage_group(self.objects, module_data(module))
+            if isinstance(result, Unserializable):
+                if f"@mstate:{name}" in before:
+                    impure.append(f"changes module {name}, whose state cannot be stored")
+                continue
+            staged.append(result)
+            written += result.new_bytes
+            changed[f"@mstate:{name}"] = Entry(result.digest, HIDDEN, state, (), {"what": "mstate", "module": name})
+        return written, impure
+
+    def world_inputs(self, tracker: Any, env_before: Mapping[str, str], inputs: dict[str, str], env_key: Callable[[str | None], str]) -> None:
+        """Listings, stats and environment variables the cell read (`checkpoint.world.WorldTracker`)."""
+        for path, key in sorted(tracker.listings.items()):
+            inputs[f"@dir:{self.rel(path)}"] = key
+        for path, key in sorted(tracker.stats.items()):
+            inputs[f"@stat:{self.rel(path)}"] = key
+        names = set(tracker.env_reads) | (set(env_before) if tracker.env_listed else set())
+        for var in sorted(names):
+            inputs[f"@env:{var}"] = env_key(env_before.get(var))
+        if tracker.impure:
+            inputs[IMPURE] = "; ".join(tracker.impure)
+
+    # -- replay -----------------------------------------------------------------------------
+
+    def apply(self, entry: Entry) -> bool:
+        """Restore a written entry of this module's kinds; False if `entry` is not one."""
+        what = entry.extra.get("what")
+        if what == "setting":
+            name = entry.extra["setting"]
+            setting = next((s for s in settings_registry.REGISTRY if s.name == name), None)
+            if setting is not None and setting.module in sys.modules:
+                self._apply_setting(entry)
+            else:
+                # Applied when a cell runs: restoring pandas options must not import pandas now.
+                self.pending_settings[name] = entry
+            return True
+        if what == "mstate":
+            module = importlib.import_module(entry.extra["module"])
+            module.__dict__.update(load_group(self.objects, entry.digest))
+            return True
+        return False
+
+    def _apply_setting(self, entry: Entry) -> None:
+        snapshot = load_group(self.objects, entry.digest)["snapshot"]
+        settings_registry.apply_settings({entry.extra["setting"]: snapshot})
+        self.pending_settings.pop(entry.extra["setting"], None)
+
+    def apply_pending(self) -> None:
+        """Before a cell runs: put back the settings replayed cells made."""
+        for entry in list(self.pending_settings.values()):
+            self._apply_setting(entry)
+
+
+def module_data(module: types.ModuleType) -> dict[str, Any]:
+    """A local module's data: its attributes other than dunders, modules, and the
+    functions and classes it defines (those are its source, keyed by `@src:`)."""
+    out = {}
+    for key, value in vars(module).items():
+        if key.startswith("__") or isinstance(value, types.ModuleType):
+            continue
+        if isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) == module.__name__:
+            continue
+        out[key] = value
+    return out
+
+
+def module_state_key(module: types.ModuleType | None) -> str:
+    """Digest of a local module's data attributes (its code is keyed by ``@src:``)."""
+    if module is None or not is_local_module(module):
+        return ABSENT
+    data = module_data(module)
+    digest = digest_value(data)
+    if isinstance(digest, Unserializable):
+        # Keyed by which names hold unstorable values: their content cannot be compared.
+        parts = []
+        for key in sorted(data):
+            d = digest_value(data[key])
+            parts.append(f"{key}={d if isinstance(d, str) else 'unserializable:' + d.type_name}")
+        return f"partial|{digest_value(parts)}"
+    return digest
+
+
+def touches_rng(code_names: Iterable[str]) -> bool:
+    """Whether code using these names may read or set a global RNG without drawing from it."""
+    return not RNG_NAMES.isdisjoint(code_names)
+
+
+def code_names(obj: Any) -> set[str]:
+    """Every name a function's code (and its nested code) refers to."""
+    names: set[str] = set()
+    code = getattr(obj, "__code__", None)
+    todo = [code] if isinstance(code, types.CodeType) else []
+    while todo:
+        co = todo.pop()
+        names.update(co.co_names)
+        todo.extend(c for c in co.co_consts if isinstance(c, types.CodeType))
+    return names
+
+
+def installed_modules(names: Iterable[str], namespace: Mapping[str, Any]) -> list[types.ModuleType]:
+    """The installed (not local) modules that `names` are bound to."""
+    out = []
+    for name in names:
+        value = dict.get(namespace, name) if isinstance(namespace, dict) else namespace.get(name)
+        if isinstance(value, types.ModuleType) and not is_local_module(value):
+            out.append(value)
+    return out
+
+
+def bindings(modules: Iterable[types.ModuleType]) -> dict[str, dict[str, int]]:
+    """Which object each attribute of these modules is bound to (ids: compared within this process only)."""
+    return {m.__name__: {k: id(v) for k, v in list(vars(m).items())} for m in modules}
+
+
+def rebound_modules(before: Mapping[str, Mapping[str, int]]) -> list[str]:
+    """Modules of `before` (from `bindings`) an attribute of which was bound, rebound or deleted since.
+
+    `somelib.attr = v` is such a change; a replay cannot restore it, so the cell must run.
+    Changes inside an attribute's object (`os.environ[k] = v`) are not: the ones that
+    matter are tracked as environment variables and settings.
+    """
+    out = []
+    for name, was in before.items():
+        module = sys.modules.get(name)
+        if module is None or bindings([module])[name] != was:
+            out.append(name)
+    return out
