@@ -36,6 +36,13 @@ from nbrewind.session import Session
 
 from differential.canon import canonical_namespace
 
+# In-process runs share one interpreter. A library that one run imports first would be
+# "not loaded" for that run's earlier cells and loaded from the start of every later run,
+# which no pair of kernel processes sees (library settings are cell inputs). Loading the
+# libraries the generated notebooks use before any run keeps every run alike.
+import dask.config  # noqa: E402,F401
+import numpy  # noqa: E402,F401
+
 Event = tuple[str, ...]
 """("stream", name, text) | ("result", text/plain) | ("error", ename, evalue)."""
 
