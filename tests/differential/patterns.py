@@ -1,0 +1,727 @@
+"""Named everyday stale-replay patterns and a runner for them.
+
+A :class:`Pattern` is a small hand-written notebook N, its edit N' (often N
+itself, or N with one cell changed or appended) and what lies on disk beside
+it: ``files_audit`` are written into the audit run's working directory,
+``files_repeat`` into the repeat run's *and* the fresh plain run's (a helper
+module edited on disk, a new file in ``data/``); ``setup_audit`` /
+``setup_repeat`` are callables for what text files cannot express (a binary
+SQLite database changed outside the notebook).
+
+The property (DESIGN.md, property 1): audit N, then repeat N' on the same
+store in a new working directory, must show exactly what a fresh plain run of
+N' shows: the same outputs cell by cell, the same final namespace, files,
+``NBR_DIFF_*`` environment variables and seeded RNG states; and the audit must
+not warn. ``why`` says what a stale replay would look like.
+
+In-process runs share one Python process, so :func:`clean_process_state`
+(used around every run) puts back what a new kernel process would start with:
+it purges modules loaded from any pattern working directory, invalidates the
+import caches, stops bytecode writing (no ``__pycache__`` in the compared
+files, no stale ``.pyc``), and resets pandas options, numpy print/error
+options, matplotlib rcParams, dask.config, ``sys.path`` (with ``''`` first, as
+ipykernel has it), ``warnings.filters`` (Python's own defaults) and the
+decimal context, before the run and again after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import decimal
+import importlib
+import os
+import sqlite3
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dask
+import dask.config
+import distributed  # noqa: F401  (adds its defaults to dask.config before the snapshot)
+import matplotlib
+
+matplotlib.use("Agg")
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from IPython.core.completer import ProvisionalCompleterWarning  # noqa: E402
+
+from differential.inprocess import RunOutcome, run_cells  # noqa: E402
+
+Setup = Callable[[Path], None]
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """One named notebook story; see the module docstring."""
+
+    name: str
+    why: str
+    cells: tuple[str, ...]
+    edited: tuple[str, ...]
+    files_audit: dict[str, str] = field(default_factory=dict)
+    files_repeat: dict[str, str] = field(default_factory=dict)
+    setup_audit: Setup | None = None
+    setup_repeat: Setup | None = None
+    seeded: tuple[str, ...] = ()
+    """Global RNGs the notebook seeds ("random", "numpy.random"): only their final states are compared."""
+    inprocess: bool = True
+    """False where an in-process shell cannot reproduce the story faithfully (kernel tier only)."""
+    replays: tuple[int, ...] | None = None
+    """Cells of N' the repeat must replay (minimal work); None: every cell before the first edited one,
+    or none when the files or setup change between the runs."""
+
+    @property
+    def must_replay(self) -> tuple[int, ...]:
+        if self.replays is not None:
+            return self.replays
+        if self.files_audit != self.files_repeat or self.setup_repeat is not None:
+            return ()
+        first = next((i for i, (a, b) in enumerate(zip(self.cells, self.edited)) if a != b), min(len(self.cells), len(self.edited)))
+        return tuple(range(first))
+
+    def describe(self) -> str:
+        lines = [f"pattern {self.name}: {self.why}", "N:"]
+        lines += [f"  [{i}] " + c.replace("\n", "\n      ") for i, c in enumerate(self.cells)]
+        lines.append("N':" + (" (same as N)" if self.edited == self.cells else ""))
+        if self.edited != self.cells:
+            for i, c in enumerate(self.edited):
+                mark = "*" if i >= len(self.cells) or self.cells[i] != c else " "
+                lines.append(f" {mark}[{i}] " + c.replace("\n", "\n      "))
+        if self.files_audit or self.files_repeat:
+            lines.append(f"files before audit: {self.files_audit}")
+            lines.append(f"files before repeat/fresh: {self.files_repeat}")
+        if self.setup_audit or self.setup_repeat:
+            lines.append(f"setup: audit {getattr(self.setup_audit, '__name__', None)}, repeat {getattr(self.setup_repeat, '__name__', None)}")
+        return "\n".join(lines)
+
+
+def pattern(
+    name: str,
+    why: str,
+    cells: list[str],
+    edit: dict[int, str] | None = None,
+    append: list[str] | None = None,
+    files: dict[str, str] | None = None,
+    files_repeat: dict[str, str] | None = None,
+    **more: Any,
+) -> Pattern:
+    """A Pattern from N, the cells `edit` replaces (by index) and the cells `append` adds.
+
+    `files` go to every run; `files_repeat` (default: `files`) replace them for the repeat and fresh runs.
+    """
+    edited = list(cells)
+    for index, code in (edit or {}).items():
+        edited[index] = code
+    edited += append or []
+    files = files or {}
+    return Pattern(name, why, tuple(cells), tuple(edited), dict(files), dict(files if files_repeat is None else files_repeat), **more)
+
+
+# ---------------------------------------------------------------------------
+# Setups that plain text files cannot express
+
+
+def _sqlite_rows(path: Path, n: int) -> None:
+    path.unlink(missing_ok=True)
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (v INTEGER)")
+    con.executemany("INSERT INTO t VALUES (?)", [(i,) for i in range(n)])
+    con.commit()
+    con.close()
+
+
+def sqlite_three_rows(workdir: Path) -> None:
+    """db.sqlite with rows 0..2."""
+    _sqlite_rows(workdir / "db.sqlite", 3)
+
+
+def sqlite_five_rows(workdir: Path) -> None:
+    """db.sqlite with rows 0..4."""
+    _sqlite_rows(workdir / "db.sqlite", 5)
+
+
+# ---------------------------------------------------------------------------
+# The patterns
+
+_HELPERS_V1 = "def f(x):\n    return x + 1\n"
+_HELPERS_V2 = "def f(x):\n    return x * 10\n"
+_ACC = "class Acc:\n    def __init__(self):\n        self.items = []\n    def apply(self, x):\n        self.items.append(x)"
+_CLASS_C = "class C:\n    def f(self):\n        return 1"
+_SCALE = "SCALE = 1\ndef f(x):\n    return x * SCALE\n"
+_WARN = 'try:\n    warnings.warn("careful", UserWarning)\n    print("no error")\nexcept UserWarning as e:\n    print("raised", e)'
+
+PATTERNS: list[Pattern] = [
+    # -- Class 1: in-place changes static analysis misses --------------------
+    pattern(
+        "sort_inplace",
+        "lst.sort() mutates without assigning: a stale replay of the sort or print cell shows [1, 2, 3] instead of [1, 2, 9]",
+        ["lst = [3, 1, 2]", "lst.sort()", "print(lst)"],
+        edit={0: "lst = [9, 1, 2]"},
+    ),
+    pattern(
+        "sort_inplace_restore",
+        "the sort and literal cells replay; a checkpoint that missed the in-place sort restores [3, 1, 2] for the edited reader",
+        ["lst = [3, 1, 2]", "lst.sort()", "print(lst)"],
+        edit={2: 'print("sorted", lst)'},
+    ),
+    pattern(
+        "method_mutates_self",
+        "acc.apply(5) mutates acc through self: a restore that missed it shows [] instead of [5]",
+        [_ACC, "acc = Acc()", "acc.apply(5)", "print(acc.items)"],
+        edit={3: 'print("items", acc.items)'},
+    ),
+    pattern(
+        "numpy_out_inplace",
+        "np.exp(a, out=a) writes a through out=: a restore that missed it shows [0. 1.] instead of [1. 2.718]",
+        ["import numpy as np\na = np.array([0.0, 1.0])", "np.exp(a, out=a);", "print(a.round(3))"],
+        edit={2: 'print("a", a.round(3))'},
+    ),
+    pattern(
+        "fillna_inplace_kwargs",
+        "df.fillna(0, **kw) with kw={'inplace': True} mutates df: a restore that missed it shows NaN instead of 0.0",
+        ['import pandas as pd\ndf = pd.DataFrame({"x": [1.0, None, 3.0]})', 'kw = {"inplace": True}', "df.fillna(0, **kw)", "print(df)\ndel df"],
+        edit={3: "print(df.x.tolist())\ndel df"},
+    ),
+    pattern(
+        "bound_method_alias",
+        "push = lst.append; push(2) mutates lst under another name: a restore that missed it shows [1] instead of [1, 2]",
+        ["lst = [1]", "push = lst.append", "push(2)", "print(lst)\ndel push"],
+        edit={3: 'push(3)\nprint("lst", lst)\ndel push'},
+    ),
+    pattern(
+        "map_append",
+        "list(map(out.append, range(3))) fills out: a restore that missed it shows [] instead of [0, 1, 2]",
+        ["out = []", "list(map(out.append, range(3)))", "print(out)"],
+        edit={2: 'print("out", out)'},
+    ),
+    pattern(
+        "defaultdict_missing_read",
+        "reading a missing defaultdict key inserts it: a restore that missed it shows [] instead of ['a']",
+        ["from collections import defaultdict\ncounts = defaultdict(int)", 'print(counts["a"])', "print(sorted(counts))"],
+        edit={2: 'print("keys", sorted(counts))'},
+    ),
+    pattern(
+        "function_appends_global",
+        "a function defined and called in one cell appends to a global: a restore that missed it shows [] instead of [1, 2]",
+        ["log = []", "def note(x):\n    log.append(x)\nnote(1)\nnote(2)", "print(log)"],
+        edit={2: 'print("log", log)'},
+    ),
+    pattern(
+        "class_method_assigned",
+        "C.f = lambda self: 3 changes what obj.f() returns without touching obj: a stale replay of the reader prints 2",
+        [_CLASS_C, "obj = C()", "C.f = lambda self: 2", "print(obj.f())"],
+        edit={2: "C.f = lambda self: 3"},
+    ),
+    pattern(
+        "class_method_assigned_restore",
+        "the class cell and the assignment replay; restoring C from its class statement alone makes obj.f() return 1, not 2",
+        [_CLASS_C, "obj = C()", "C.f = lambda self: 2", "print(obj.f())"],
+        edit={3: 'print("f", obj.f())'},
+    ),
+    # -- Class 2: modules and library settings --------------------------------
+    pattern(
+        "module_edited_on_disk",
+        "helpers.py changed on disk between audit and repeat: a stale replay prints 3 instead of 20",
+        ["import helpers", "print(helpers.f(2))"],
+        files={"helpers.py": _HELPERS_V1},
+        files_repeat={"helpers.py": _HELPERS_V2},
+    ),
+    pattern(
+        "module_reload_after_rewrite",
+        "the notebook rewrites helpers.py and reloads it; after editing the rewrite a stale replay of the reload prints 200, not 2000",
+        [
+            f'with open("helpers.py", "w") as fh:\n    fh.write({_HELPERS_V1!r})\ndel fh',
+            "import helpers\nprint(helpers.f(2))",
+            'with open("helpers.py", "w") as fh:\n    fh.write("def f(x):\\n    return x * 100\\n")\ndel fh',
+            "import importlib\nhelpers = importlib.reload(helpers)\nprint(helpers.f(2))",
+        ],
+        edit={2: 'with open("helpers.py", "w") as fh:\n    fh.write("def f(x):\\n    return x * 1000\\n")\ndel fh'},
+    ),
+    pattern(
+        "module_attr_set",
+        "helpers.SCALE = 9 is a module attribute set by a cell: a stale replay of helpers.f(2) prints 14 instead of 18",
+        ["import helpers", "helpers.SCALE = 7", "print(helpers.f(2))"],
+        edit={1: "helpers.SCALE = 9"},
+        files={"helpers.py": _SCALE},
+    ),
+    pattern(
+        "module_attr_set_restore",
+        "the attribute cell replays; restoring helpers by importing it again loses SCALE = 7 and prints 2 instead of 14",
+        ["import helpers", "helpers.SCALE = 7", "print(helpers.f(2))"],
+        edit={2: 'print("f", helpers.f(2))'},
+        files={"helpers.py": _SCALE},
+    ),
+    pattern(
+        "module_registry_append",
+        "helpers.REG.append('x') mutates a module-level list: a restore that missed it prints [] instead of ['x']",
+        ["import helpers", 'helpers.REG.append("x")', "print(helpers.REG)"],
+        edit={2: 'print("reg", helpers.REG)'},
+        files={"helpers.py": "REG = []\n"},
+    ),
+    pattern(
+        "pandas_set_option_edited",
+        "display.precision edited 2 -> 4: a stale replay of print(df) shows 1.23 instead of 1.2346",
+        ["import pandas as pd", 'pd.set_option("display.precision", 2)', 'df = pd.DataFrame({"v": [1.23456, 2.5]})', "print(df)\ndel df"],
+        edit={1: 'pd.set_option("display.precision", 4)'},
+    ),
+    pattern(
+        "pandas_set_option_unmodified",
+        "an unmodified repeat replays the set_option cell; a new cell printing df must still see precision 2 (stale: 1.234560)",
+        ["import pandas as pd", 'pd.set_option("display.precision", 2)', 'def show():\n    print(pd.DataFrame({"v": [1.23456, 2.5]}))', "show()"],
+        append=['print("again")\nshow()'],
+    ),
+    pattern(
+        "pandas_set_option_after_import_edit",
+        "the import cell is edited (so pandas is loaded when the unchanged set_option cell replays): "
+        "the replayed option must be in force for show() (stale: 1.234560)",
+        ["import pandas as pd", 'pd.set_option("display.precision", 2)', 'def show():\n    print(pd.DataFrame({"v": [1.23456, 2.5]}))', "show()"],
+        edit={0: "import pandas as pd\nimport math"},
+    ),
+    pattern(
+        "pandas_options_attr_edited",
+        "pd.options.display.precision edited 2 -> 4: a stale replay of print(df) shows 1.23 instead of 1.2346",
+        ["import pandas as pd", "pd.options.display.precision = 2", 'df = pd.DataFrame({"v": [1.23456, 2.5]})', "print(df)\ndel df"],
+        edit={1: "pd.options.display.precision = 4"},
+    ),
+    pattern(
+        "pandas_options_attr_unmodified",
+        "an unmodified repeat replays the pd.options cell; a new cell printing df must still see precision 2 (stale: 1.234560)",
+        ["import pandas as pd", "pd.options.display.precision = 2", 'def show():\n    print(pd.DataFrame({"v": [1.23456, 2.5]}))', "show()"],
+        append=['print("again")\nshow()'],
+    ),
+    pattern(
+        "numpy_printoptions_edited",
+        "np.set_printoptions precision edited 2 -> 4: a stale replay of print(a) shows [1.23 2.5 ] instead of [1.2346 2.5   ]",
+        ["import numpy as np", "np.set_printoptions(precision=2)", "a = np.array([1.23456, 2.5])", "print(a)"],
+        edit={1: "np.set_printoptions(precision=4)"},
+    ),
+    pattern(
+        "matplotlib_rcparams_edited",
+        "rcParams['lines.linewidth'] edited 3 -> 5: a stale replay of the reader prints 3.0",
+        ["import matplotlib", 'matplotlib.rcParams["lines.linewidth"] = 3', 'print(matplotlib.rcParams["lines.linewidth"])'],
+        edit={1: 'matplotlib.rcParams["lines.linewidth"] = 5'},
+    ),
+    pattern(
+        "dask_config_edited",
+        "dask.config array.chunk-size edited 1MiB -> 4MiB: a stale replay of the reader prints 1MiB",
+        ["import dask", 'dask.config.set({"array.chunk-size": "1MiB"});', 'print(dask.config.get("array.chunk-size"))'],
+        edit={1: 'dask.config.set({"array.chunk-size": "4MiB"});'},
+    ),
+    pattern(
+        "sys_path_insert_edited",
+        "sys.path.insert(0, 'lib') edited to 'lib2': a stale replay of `import mylib` prints 1 instead of 2",
+        ["import sys\nsys.path.insert(0, 'lib')", "import mylib\nprint(mylib.VALUE)"],
+        edit={0: "import sys\nsys.path.insert(0, 'lib2')"},
+        files={"lib/mylib.py": "VALUE = 1\n", "lib2/mylib.py": "VALUE = 2\n"},
+    ),
+    pattern(
+        "warnings_filter_edited",
+        "warnings.filterwarnings edited 'error' -> 'ignore': a stale replay prints 'raised careful' instead of 'no error'",
+        ['import warnings\nwarnings.filterwarnings("error")', _WARN],
+        edit={0: 'import warnings\nwarnings.filterwarnings("ignore")'},
+    ),
+    pattern(
+        "decimal_context_edited",
+        "decimal.getcontext().prec edited 5 -> 8: a stale replay prints 0.14286 instead of 0.14285714",
+        ["import decimal\ndecimal.getcontext().prec = 5", "print(decimal.Decimal(1) / decimal.Decimal(7))"],
+        edit={0: "import decimal\ndecimal.getcontext().prec = 8"},
+    ),
+    pattern(
+        "settings_unmodified_replay",
+        "every setting cell replays in an unmodified repeat; a new cell must still see numpy precision 2, linewidth 3, "
+        "chunk-size 1MiB, prec 5, lib/ on sys.path and the UserWarning error filter (stale: the defaults)",
+        [
+            "import numpy as np, matplotlib, dask, decimal, sys, warnings",
+            "np.set_printoptions(precision=2)",
+            'matplotlib.rcParams["lines.linewidth"] = 3',
+            'dask.config.set({"array.chunk-size": "1MiB"});',
+            "decimal.getcontext().prec = 5",
+            "sys.path.insert(0, 'lib')",
+            'warnings.filterwarnings("error", category=UserWarning)',
+        ],
+        append=[
+            "print(np.array([1.23456]))\n"
+            'print(matplotlib.rcParams["lines.linewidth"])\n'
+            'print(dask.config.get("array.chunk-size"))\n'
+            "print(decimal.Decimal(1) / decimal.Decimal(7))\n"
+            "import mylib\nprint(mylib.VALUE)\n" + _WARN
+        ],
+        files={"lib/mylib.py": "VALUE = 1\n"},
+    ),
+    # -- Class 3: hidden inputs ------------------------------------------------
+    pattern(
+        "listdir_new_file",
+        "data/b.csv appeared between runs: a stale replay of os.listdir prints ['a.csv']",
+        ['import os\nnames = sorted(os.listdir("data"))', "print(names)"],
+        files={"data/a.csv": "x\n1\n"},
+        files_repeat={"data/a.csv": "x\n1\n", "data/b.csv": "x\n2\n"},
+    ),
+    pattern(
+        "glob_new_file",
+        "data/b.csv appeared between runs: a stale replay of glob.glob prints ['data/a.csv']",
+        ['import glob\nfound = sorted(glob.glob("data/*.csv"))', "print(found)"],
+        files={"data/a.csv": "x\n1\n"},
+        files_repeat={"data/a.csv": "x\n1\n", "data/b.csv": "x\n2\n"},
+    ),
+    pattern(
+        "scandir_new_file",
+        "data/b.csv appeared between runs: a stale replay of os.scandir prints ['a.csv']",
+        ['import os\nwith os.scandir("data") as it:\n    names = sorted(e.name for e in it)\ndel it', "print(names)"],
+        files={"data/a.csv": "x\n1\n"},
+        files_repeat={"data/a.csv": "x\n1\n", "data/b.csv": "x\n2\n"},
+    ),
+    pattern(
+        "path_exists_flag",
+        "the file 'flag' appeared between runs: a stale replay of os.path.exists prints False",
+        ['import os\nprint(os.path.exists("flag"))'],
+        files={},
+        files_repeat={"flag": "on\n"},
+    ),
+    pattern(
+        "getsize_changed",
+        "in.txt grew from 3 to 6 bytes between runs: a stale replay of os.path.getsize prints 3",
+        ['import os\nprint(os.path.getsize("in.txt"))'],
+        files={"in.txt": "abc"},
+        files_repeat={"in.txt": "abcdef"},
+    ),
+    pattern(
+        "stat_size_changed",
+        "in.txt grew from 3 to 6 bytes between runs: a stale replay of os.stat(p).st_size prints 3",
+        ['import os\nsize = os.stat("in.txt").st_size\nprint(size)'],
+        files={"in.txt": "abc"},
+        files_repeat={"in.txt": "abcdef"},
+    ),
+    pattern(
+        "sqlite_param_edited",
+        "the notebook builds db.sqlite from N_ROWS (edited 3 -> 5); sqlite opens the file natively, "
+        "so a stale replay of the query prints (3, 3) instead of (5, 10)",
+        [
+            "N_ROWS = 3",
+            "import sqlite3\ncon = sqlite3.connect('db.sqlite')\ncon.execute('CREATE TABLE t (v INTEGER)')\n"
+            "con.executemany('INSERT INTO t VALUES (?)', [(i,) for i in range(N_ROWS)])\ncon.commit()\ncon.close()\ndel con",
+            "con = sqlite3.connect('db.sqlite')\nprint(con.execute('SELECT COUNT(*), SUM(v) FROM t').fetchone())\ncon.close()\ndel con",
+        ],
+        edit={0: "N_ROWS = 5"},
+    ),
+    pattern(
+        "sqlite_changed_outside",
+        "db.sqlite was rewritten outside the notebook (3 -> 5 rows): a stale replay prints [(0,), (1,), (2,)]",
+        [
+            "import sqlite3\ncon = sqlite3.connect('db.sqlite')\nrows = con.execute('SELECT v FROM t ORDER BY v').fetchall()\ncon.close()\ndel con",
+            "print(rows)",
+        ],
+        setup_audit=sqlite_three_rows,
+        setup_repeat=sqlite_five_rows,
+    ),
+    pattern(
+        "subprocess_cat_changed",
+        "`cat in.txt` in a subprocess reads a file that changed (old -> new): a stale replay prints 'old'",
+        ['import subprocess\nres = subprocess.run(["cat", "in.txt"], capture_output=True, text=True)\nprint(res.stdout)'],
+        files={"in.txt": "old\n"},
+        files_repeat={"in.txt": "new\n"},
+    ),
+    pattern(
+        "env_var_in_function",
+        "a notebook function reads NBR_DIFF_X set by an edited earlier cell: a stale replay of print(f()) prints 'one'",
+        ['import os\nos.environ["NBR_DIFF_X"] = "one"', 'def f():\n    return os.environ.get("NBR_DIFF_X")', "print(f())"],
+        edit={0: 'import os\nos.environ["NBR_DIFF_X"] = "two"'},
+    ),
+    pattern(
+        "random_getstate_after_seed",
+        "random.getstate() read without drawing after the seed cell is edited 1 -> 2: a stale replay prints seed 1's state",
+        ["import random\nrandom.seed(1)", "state = random.getstate()\nprint(state[1][:4])"],
+        edit={0: "import random\nrandom.seed(2)"},
+        seeded=("random",),
+    ),
+    pattern(
+        "numpy_get_state_after_seed",
+        "np.random.get_state() read without drawing after the seed cell is edited 1 -> 2: a stale replay prints seed 1's keys",
+        ["import numpy as np\nnp.random.seed(1)", "st = np.random.get_state()\nprint(st[1][:4])"],
+        edit={0: "import numpy as np\nnp.random.seed(2)"},
+        seeded=("numpy.random",),
+    ),
+    pattern(
+        "main_dict_read",
+        "sys.modules['__main__'].__dict__['x'] reads x behind static analysis' back: a stale replay prints 1 instead of 2",
+        ["x = 1", 'import sys\nprint(sys.modules["__main__"].__dict__["x"])'],
+        edit={0: "x = 2"},
+    ),
+    pattern(
+        "globals_dict_read",
+        "globals()['x'] reads x by a string key: a stale replay prints 1 instead of 2",
+        ["x = 1", 'print(globals()["x"])'],
+        edit={0: "x = 2"},
+    ),
+    # -- Class 4: restore fidelity ---------------------------------------------
+    pattern(
+        "numpy_view_base",
+        "v = a[:2] is a view: if a and v are restored as separate arrays, v[0] = 6 no longer shows in a ([0. 0. 0.])",
+        ["import numpy as np\na = np.zeros(3)", "v = a[:2]", "v[0] = 5\nprint(a)"],
+        edit={2: "v[0] = 6\nprint(a)"},
+    ),
+    pattern(
+        "class_dict_order",
+        "a restored class must keep its __dict__ order: a rebuilt class lists its members in another order",
+        ["class C:\n    b = 1\n    a = 2\n    def m(self):\n        return 0", 'print("C")'],
+        edit={1: "print(list(vars(C)))"},
+    ),
+    pattern(
+        "weakref_identity",
+        "r = weakref.ref(obj): restoring obj as a copy leaves r dead or pointing elsewhere (False instead of True)",
+        ["class Box:\n    pass\nobj = Box()", "import weakref\nr = weakref.ref(obj)", "print(r() is obj)\ndel r"],
+        edit={2: 'print("alive", r() is obj)\ndel r'},
+    ),
+    pattern(
+        "closed_file_left_in_namespace",
+        "`with open(...) as fh` leaves a closed file in the namespace: the audit must record (or skip) it silently "
+        "and the edited reader must still see out.txt (stale: a warning, or a missing file)",
+        ['with open("out.txt", "w") as fh:\n    fh.write("hi")', 'from pathlib import Path\nprint(Path("out.txt").read_text())'],
+        edit={1: 'from pathlib import Path\nprint("text", Path("out.txt").read_text())'},
+    ),
+    pattern(
+        "thread_pool_random_seed_edited",
+        "random.random() drawn in a ThreadPoolExecutor after random.seed edited 1 -> 2: a stale replay prints seed 1's values",
+        [
+            "import random\nrandom.seed(1)",
+            "from concurrent.futures import ThreadPoolExecutor\nwith ThreadPoolExecutor(max_workers=1) as ex:\n"
+            "    vals = list(ex.map(lambda _: round(random.random(), 6), range(3)))\ndel ex\nprint(vals)",
+            "print(round(random.random(), 6))",
+        ],
+        edit={0: "import random\nrandom.seed(2)"},
+        seeded=("random",),
+    ),
+    pattern(
+        "thread_pool_random_restore",
+        "the seed and thread-pool cells replay; the RNG state after draws made in worker threads must be restored "
+        "(stale: the edited reader prints the first draw after seed(1) again)",
+        [
+            "import random\nrandom.seed(1)",
+            "from concurrent.futures import ThreadPoolExecutor\nwith ThreadPoolExecutor(max_workers=1) as ex:\n"
+            "    vals = list(ex.map(lambda _: round(random.random(), 6), range(3)))\ndel ex\nprint(vals)",
+            "print(round(random.random(), 6))",
+        ],
+        edit={2: 'print("next", round(random.random(), 6))'},
+        seeded=("random",),
+    ),
+    pattern(
+        "generator_consumed_later",
+        "g = gen() is advanced by a replayed cell: a generator rebuilt from scratch yields [0, 1, 2, 3, 4] instead of [1, 2, 3, 4]",
+        ["def gen():\n    yield from range(5)", "g = gen()", "print(next(g))", "print(list(g))\ndel g"],
+        edit={3: 'print("rest", list(g))\ndel g'},
+        # g cannot be stored: by design the repeat rebuilds it by re-running the cells that advanced it.
+        replays=(0, 1),
+    ),
+    # -- Dask on the threaded scheduler ----------------------------------------
+    pattern(
+        "dask_delayed_reads_file",
+        "a delayed task reads in.txt, which changed between runs: a stale task/cell replay prints 6 instead of 15",
+        [
+            'import dask\ndask.config.set(scheduler="threads");',
+            "def load(p):\n    with open(p) as fh:\n        return sum(int(t) for t in fh.read().split())",
+            'total = dask.delayed(load)("in.txt").compute()\nprint(total)',
+        ],
+        files={"in.txt": "1 2 3\n"},
+        files_repeat={"in.txt": "4 5 6\n"},
+    ),
+    pattern(
+        "dask_task_global_np_random",
+        "a delayed task draws from the global np.random after the seed cell is edited 3 -> 4: a stale task replay prints seed 3's draws",
+        [
+            'import dask, numpy as np\ndask.config.set(scheduler="threads");',
+            "np.random.seed(3)",
+            "def draw(n):\n    return np.random.random(n).round(6).tolist()",
+            "print(dask.delayed(draw)(3).compute())",
+        ],
+        edit={1: "np.random.seed(4)"},
+        seeded=("numpy.random",),
+    ),
+    pattern(
+        "dask_array_param_edited",
+        "a dask array computed from an edited scale parameter on the threaded scheduler: a stale task replay prints 45.0",
+        [
+            'import dask, dask.array as da\ndask.config.set(scheduler="threads");',
+            "SCALE = 1.0",
+            "x = da.arange(10, chunks=5) * SCALE",
+            "print(float(x.sum().compute()))\ndel x",
+        ],
+        edit={1: "SCALE = 2.0"},
+    ),
+    pattern(
+        "distributed_local_cluster_file",
+        "a task on an in-process distributed LocalCluster reads in.txt, changed between runs: a stale replay prints 6 instead of 15. "
+        "Kernel tier only: a cluster's threads and event loop outlive an in-process shell",
+        [
+            "from distributed import Client, LocalCluster\n"
+            "cluster = LocalCluster(n_workers=1, processes=False, dashboard_address=None)\nclient = Client(cluster)",
+            "def load(p):\n    with open(p) as fh:\n        return sum(int(t) for t in fh.read().split())",
+            'total = client.submit(load, "in.txt").result()\nprint(total)',
+            "client.close()\ncluster.close()\ndel client, cluster",
+        ],
+        files={"in.txt": "1 2 3\n"},
+        files_repeat={"in.txt": "4 5 6\n"},
+        inprocess=False,
+    ),
+]
+
+BY_NAME: dict[str, Pattern] = {p.name: p for p in PATTERNS}
+assert len(BY_NAME) == len(PATTERNS), "pattern names must be unique"
+
+KERNEL_PATTERNS: list[str] = [
+    "module_edited_on_disk",
+    "pandas_set_option_unmodified",
+    "settings_unmodified_replay",
+    "pandas_set_option_after_import_edit",
+    "listdir_new_file",
+    "sqlite_changed_outside",
+    "env_var_in_function",
+    "main_dict_read",
+    "thread_pool_random_restore",
+    "generator_consumed_later",
+    "distributed_local_cluster_file",
+]
+
+
+# ---------------------------------------------------------------------------
+# Process-state hygiene for in-process runs
+
+
+def _python_default_filters() -> list[Any]:
+    """The warnings filters a fresh non-dev-mode interpreter (and so a kernel) starts with."""
+    with warnings.catch_warnings():
+        warnings.resetwarnings()
+        warnings.simplefilter("ignore", ResourceWarning)
+        warnings.simplefilter("ignore", ImportWarning)
+        warnings.simplefilter("ignore", PendingDeprecationWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+        # What importing IPython.core.completer adds: a kernel imports it at startup, an
+        # in-process shell on first use (which would make the first run's filters differ).
+        warnings.filterwarnings("error", category=ProvisionalCompleterWarning)
+        return list(warnings.filters)
+
+
+_BASE_SYS_PATH = ["", *(p for p in sys.path if p != "")]
+_BASE_FILTERS = _python_default_filters()
+_BASE_DASK_CONFIG = copy.deepcopy(dask.config.config)
+_BASE_NP_PRINT = np.get_printoptions()
+
+
+def _under(path: Any, workdir: str) -> bool:
+    """Whether a module file or path-finder entry belongs to the run in `workdir` (or is relative, as "lib" is)."""
+    if not isinstance(path, str):
+        return False
+    return not os.path.isabs(path) or path == workdir or path.startswith(workdir + os.sep)
+
+
+def purge_local_modules(workdir: Path) -> None:
+    """Forget modules imported from `workdir` or through a relative sys.path entry, and their path finders.
+
+    No registry of past workdirs is kept at module level on purpose: the session records
+    every loaded local module's data attributes (this module is one, in-process), so
+    state changing here between runs would change every cell's key.
+    """
+    here = str(workdir.resolve())
+    for name, module in list(sys.modules.items()):
+        if _under(getattr(module, "__file__", None), here):
+            del sys.modules[name]
+    for entry in list(sys.path_importer_cache):
+        if _under(entry, here):
+            del sys.path_importer_cache[entry]
+    importlib.invalidate_caches()
+
+
+def reset_library_settings() -> None:
+    """Library settings back to what a new kernel process starts with."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pd.reset_option("all")
+    np.set_printoptions(**_BASE_NP_PRINT)
+    np.seterr(divide="warn", over="warn", under="ignore", invalid="warn")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        matplotlib.rcdefaults()
+    dask.config.config.clear()
+    dask.config.config.update(copy.deepcopy(_BASE_DASK_CONFIG))
+    decimal.setcontext(decimal.Context())
+
+
+@contextlib.contextmanager
+def clean_process_state(workdir: Path) -> Iterator[None]:
+    """Around one in-process run in `workdir`: start from a new process's state, leave nothing behind."""
+    saved_path, saved_filters, saved_bytecode = list(sys.path), list(warnings.filters), sys.dont_write_bytecode
+
+    def reset() -> None:
+        purge_local_modules(workdir)
+        reset_library_settings()
+
+    reset()
+    sys.path[:] = _BASE_SYS_PATH
+    warnings.filters[:] = _BASE_FILTERS
+    warnings._filters_mutated()  # type: ignore[attr-defined]
+    sys.dont_write_bytecode = True
+    try:
+        yield
+    finally:
+        sys.path[:] = saved_path
+        warnings.filters[:] = saved_filters
+        warnings._filters_mutated()  # type: ignore[attr-defined]
+        sys.dont_write_bytecode = saved_bytecode
+        reset()
+
+
+def prepare_workdir(workdir: Path, files: dict[str, str], setup: Setup | None) -> Path:
+    """Create `workdir` with `files` (fresh mtimes) and run `setup` in it."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    for rel, text in files.items():
+        path = workdir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    if setup is not None:
+        setup(workdir)
+    return workdir
+
+
+def run_one(cells: tuple[str, ...], workdir: Path, files: dict[str, str], setup: Setup | None, **kw: Any) -> RunOutcome:
+    """One in-process run of `cells` in a new `workdir` prepared with `files`/`setup`."""
+    prepare_workdir(workdir, files, setup)
+    with clean_process_state(workdir):
+        return run_cells(cells, workdir, **kw)
+
+
+@dataclass
+class PatternRuns:
+    """The in-process runs of one pattern."""
+
+    pattern: Pattern
+    audit: RunOutcome
+    repeat: RunOutcome
+    fresh_edited: RunOutcome
+    fresh_edited_again: RunOutcome
+    fresh_original: RunOutcome
+
+
+def keep_seeded_rngs(p: Pattern, *runs: RunOutcome) -> None:
+    """Only the global RNGs the notebook seeds have a determined final state."""
+    for run in runs:
+        for which in list(run.rng):
+            if which not in p.seeded:
+                del run.rng[which]
+
+
+def run_pattern(p: Pattern, root: Path) -> PatternRuns:
+    """Audit N, repeat N' (same store), N' fresh twice (the control) and N fresh, each in its own folder under `root`."""
+    store = root / "store"
+    runs = PatternRuns(
+        p,
+        audit=run_one(p.cells, root / "audit", p.files_audit, p.setup_audit, mode="audit", store=store),
+        repeat=run_one(p.edited, root / "repeat", p.files_repeat, p.setup_repeat or p.setup_audit, mode="repeat", store=store),
+        fresh_edited=run_one(p.edited, root / "fresh-edited", p.files_repeat, p.setup_repeat or p.setup_audit),
+        fresh_edited_again=run_one(p.edited, root / "fresh-edited-again", p.files_repeat, p.setup_repeat or p.setup_audit),
+        fresh_original=run_one(p.cells, root / "fresh-original", p.files_audit, p.setup_audit),
+    )
+    keep_seeded_rngs(p, runs.audit, runs.repeat, runs.fresh_edited, runs.fresh_edited_again, runs.fresh_original)
+    return runs

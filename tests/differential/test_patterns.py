@@ -1,0 +1,83 @@
+"""Named stale-replay patterns on in-process shells (see `patterns.py`).
+
+`test_repeat_matches_plain[name]` is the property: audit N, repeat N' on the
+same store in a new folder (with the pattern's files), and the result equals a
+fresh plain run of N' (outputs, counts, namespace, files, env, seeded RNGs),
+with no NBRewind warning in the audit or the repeat.
+`test_plain_control[name]` shows the harness is sound for the pattern: two
+fresh plain runs of N' agree, and the audit of N looks like a plain run of N.
+A failure of the first with a passing second is an NBRewind bug.
+
+Run one pattern with `pytest tests/differential/test_patterns.py -k sort_inplace`.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+from differential.patterns import BY_NAME, PATTERNS, PatternRuns, run_pattern
+from differential.test_inprocess import differences
+
+NAMES = [p.name for p in PATTERNS if p.inprocess]
+
+
+@functools.lru_cache(maxsize=None)
+def _runs(name: str, base: Path) -> PatternRuns:
+    root = base / f"pattern_{name}"
+    root.mkdir()
+    return run_pattern(BY_NAME[name], root)
+
+
+def runs_for(name: str, factory: pytest.TempPathFactory) -> PatternRuns:
+    """The runs of pattern `name`, made once per test session (both tests of a pattern share them)."""
+    return _runs(name, factory.getbasetemp())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_repeat_matches_plain(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Repeat of N' after auditing N == a plain run of N', and NBRewind never warned."""
+    runs = runs_for(name, tmp_path_factory)
+    problems = differences(runs.repeat, runs.fresh_edited)
+    problems += [f"NBRewind warned in the audit: {w}" for w in runs.audit.warnings]
+    problems += [f"NBRewind warned in the repeat: {w}" for w in runs.repeat.warnings]
+    assert not problems, runs.pattern.describe() + "\n\nrepeat of N' differs from a plain run of N':\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_plain_control(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The harness control: N' fresh twice gives the same picture; the audit of N looks like N run plainly."""
+    runs = runs_for(name, tmp_path_factory)
+    problems = differences(runs.fresh_edited_again, runs.fresh_edited)
+    assert not problems, runs.pattern.describe() + "\n\ntwo plain runs of N' differ (a harness leak):\n" + "\n".join(problems)
+    problems = differences(runs.audit, runs.fresh_original)
+    assert not problems, runs.pattern.describe() + "\n\nthe audit of N differs from a plain run of N:\n" + "\n".join(problems)
+    assert all(c.decision == "executed" for c in runs.audit.cells)
+
+
+def test_patterns_are_well_formed() -> None:
+    """Unique names, every kernel-tier name exists, every edit changes or extends N only where meant."""
+    from differential.patterns import KERNEL_PATTERNS
+
+    assert len(BY_NAME) == len(PATTERNS)
+    assert set(KERNEL_PATTERNS) <= set(BY_NAME)
+    for p in PATTERNS:
+        assert p.why and p.cells, p.name
+        assert p.inprocess or p.name in KERNEL_PATTERNS, f"{p.name} runs on no tier"
+        assert p.edited != p.cells or p.files_audit != p.files_repeat or p.setup_repeat is not None, f"{p.name}: nothing changes between runs"
+
+
+HARNESS_MODULES = ("differential", "test_", "conftest")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_unchanged_prefix_replays(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The pattern exercises replay: the cells before the first edit replay (DESIGN property 2), and no
+    cell ran because of the test harness itself (its modules are "local modules" in-process)."""
+    runs = runs_for(name, tmp_path_factory)
+    harness = [(i, c.reason) for i, c in enumerate(runs.repeat.cells) if any(f":{m}" in c.reason for m in HARNESS_MODULES)]
+    assert not harness, runs.pattern.describe() + f"\n\ncells ran because of the harness's own modules: {harness}"
+    ran = [(i, runs.repeat.cells[i].reason) for i in runs.pattern.must_replay if runs.repeat.cells[i].decision != "replayed"]
+    assert not ran, runs.pattern.describe() + f"\n\nthese cells before the first edit did not replay: {ran}"
