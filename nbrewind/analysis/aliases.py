@@ -210,6 +210,11 @@ class _Walker:
                 self.truncated = True
                 continue
             children = _children(obj, kind)
+            if kind is not _Kind.CLASS and _is_notebook(tp):
+                # An instance pickles its notebook class: both must come back as one
+                # group, or the restored instance has a copy of the class and misses
+                # what later cells do to the class itself (`C.f = ...`).
+                children.append(tp)
             stack.extend((child, depth + 1) for child in children)
 
 

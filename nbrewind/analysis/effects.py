@@ -85,6 +85,20 @@ def analyze_cell(
         imports=frozenset(walker.imports),
         deferred_reads=frozenset(walker.deferred_reads),
         deferred_writes=frozenset(walker.deferred_writes),
-        dynamic=walker.dynamic,
+        dynamic=walker.dynamic or _reaches_namespace_indirectly(tree),
         deferred_dynamic=walker.deferred_dynamic,
     )
+
+
+# `sys.modules["__main__"].__dict__`, `sys._getframe().f_globals`: ways to the namespace
+# that name no variable. Code using them may read or write anything.
+_NAMESPACE_ATTRIBUTES = frozenset({"modules", "_getframe", "currentframe", "f_globals", "f_locals", "stack"})
+
+
+def _reaches_namespace_indirectly(tree: ast.AST) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value == "__main__":
+            return True
+        if isinstance(node, ast.Attribute) and node.attr in _NAMESPACE_ATTRIBUTES:
+            return True
+    return False

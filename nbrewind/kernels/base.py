@@ -67,7 +67,7 @@ class NbrewindKernel(IPythonKernel):
             try:
                 reply = self.nbrewind.replay(plan)
             except Exception as exc:  # the one boundary: never leave a request without a reply
-                print(f"NBRewind warning: the replay failed ({type(exc).__name__}: {exc}); running the cell.", file=sys.stderr)
+                self.nbrewind.notice(f"NBRewind warning: the replay failed ({type(exc).__name__}: {exc}); running the cell.")
                 plan = self.nbrewind.begin(code, silent=True)
                 reply = None
             if reply is not None:

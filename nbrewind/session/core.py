@@ -79,6 +79,8 @@ class Session(RestoreMixin):
         self.session_id = uuid.uuid4().hex
         self.enabled = True
         self.capture = OutputCapture()
+        self.notices: list[str] = []
+        self.infos: list[str] = []
         self.start_dir = Path(os.getcwd()).resolve()
         self._store_path = store_path
         self._store: Store | None = None
@@ -123,7 +125,7 @@ class Session(RestoreMixin):
             # An untrusted backpack raises UntrustedStoreError here: nothing is unpickled.
             notice = check_store_origin(self.store_location())
             if notice:
-                print(notice, file=sys.stderr)
+                self.notice(notice)
             self._store = Store.open(self.store_location(), create=True)
             self._state = LiveState(self._store.objects, self.namespace)
             self._files = hidden.FileTracker(exclude=[str(self._store.root), *hidden.default_exclusions()])
@@ -140,9 +142,25 @@ class Session(RestoreMixin):
         assert self._state is not None
         return self._state
 
+    def notice(self, text: str) -> None:
+        """Tell the user something about NBRewind itself: in the kernel's log (its own stderr),
+        never in the cell's outputs, which must be what a plain kernel shows. Kept in
+        `notices` too, for `%nbrewind why` and for tests."""
+        self.notices.append(text)
+        stream = sys.__stderr__
+        if stream is not None:
+            print(text, file=stream, flush=True)
+
+    def info(self, text: str) -> None:
+        """Something worth knowing but nothing to act on: the kernel's log only."""
+        self.infos.append(text)
+        stream = sys.__stderr__
+        if stream is not None and os.environ.get("NBREWIND_DEBUG"):
+            print(text, file=stream, flush=True)
+
     def _warn(self, what: str, exc: BaseException | None = None) -> None:
         detail = f": {type(exc).__name__}: {exc}" if exc is not None else ""
-        print(f"NBRewind warning: {what}{detail}. The cell ran as on a plain kernel.", file=sys.stderr)
+        self.notice(f"NBRewind warning: {what}{detail}. The cell ran as on a plain kernel.")
         if os.environ.get("NBREWIND_DEBUG") and exc is not None:
             traceback.print_exception(exc, file=sys.__stderr__)
 
@@ -170,10 +188,9 @@ class Session(RestoreMixin):
             self.state.entries.pop(name, None)
             self.state.forget(name)
         for failure in self.writer.take_failures():
-            print(
+            self.notice(
                 f"NBRewind warning: an earlier cell's checkpoint could not be written ({failure}); "
-                "that cell will run again on repeat.",
-                file=sys.stderr,
+                "that cell will run again on repeat."
             )
         try:
             plan = self._plan(code, cell_id, msg_id)
@@ -486,7 +503,7 @@ class Session(RestoreMixin):
         self._submit(run, staged, written, tasks)
         if result.unserializable:
             names = ", ".join(sorted(result.unserializable))
-            print(f"NBRewind: {names} cannot be stored; a repeat rebuilds it by running this cell.", file=sys.stderr)
+            self.info(f"NBRewind: {names} cannot be stored; a repeat rebuilds it by running this cell.")
 
     def _reached(self, plan: CellPlan, user: set[str]) -> set[str]:
         """Names whose values the cell could have changed in place: everything it reached,

@@ -18,6 +18,7 @@ from nbrewind.session import policy
 from nbrewind.session.state import HIDDEN, MODULE, UNSERIALIZABLE, VALUE, Entry, LiveState
 
 if TYPE_CHECKING:
+    from nbrewind.session.outside import Outside
     from nbrewind.session.writer import BackgroundWriter
     from nbrewind.store import Store
 
@@ -40,6 +41,10 @@ class RestoreMixin:
         def store(self) -> Store: ...
         def _user_names(self) -> set[str]: ...
         def _abs(self, rel: str) -> str: ...
+        def notice(self, text: str) -> None: ...
+        def info(self, text: str) -> None: ...
+        @property
+        def outside(self) -> Outside: ...
 
     def _rebuild_pending_clients(self) -> None:
         """Before a cell runs, bring back the Dask clients replayed cells made.
@@ -86,7 +91,9 @@ class RestoreMixin:
             state.entries[name] = entry
             if entry.kind == HIDDEN:
                 self._apply_hidden(entry)
-            elif entry.kind == MODULE and not isinstance(ns, LazyNamespace):
+            elif entry.kind == MODULE and (not isinstance(ns, LazyNamespace) or entry.extra.get("local")):
+                # A local module is imported now: its data state is restored into it and
+                # is an input of later cells, which must see it loaded as a fresh run does.
                 ns[name] = state.load(entry)[name]
                 state.remember(name, ns[name])
             elif entry.kind in (VALUE, MODULE, UNSERIALIZABLE):
@@ -130,6 +137,8 @@ class RestoreMixin:
                 os.environ[entry.extra["var"]] = value
         elif what == "cwd":
             os.chdir(self._abs(entry.extra["path"]))
+        else:
+            self.outside.apply(entry)  # library settings and local modules' state
 
     def _load_pending(self, name: str, token: Any) -> dict[str, Any]:
         """LazyNamespace loader: load the group behind `token` and return its pending members."""
@@ -173,10 +182,9 @@ class RestoreMixin:
         code, parent = record.get("code"), record.get("parent_entries")
         if not code:
             raise NameError(f"{name!r} could not be stored and no record says how it was made; re-run the cell that defines it")
-        print(
+        self.info(
             f"NBRewind: rebuilding {name!r} ({entry.extra.get('type')}, which cannot be stored) by re-running the cell "
-            f"that made it; side effects of that cell happen again",
-            file=sys.stderr,
+            f"that made it; side effects of that cell happen again"
         )
         scratch = LazyNamespace()
         dict.update(scratch, {k: v for k, v in dict.items(self.namespace) if k in policy.MODULE_DUNDERS})

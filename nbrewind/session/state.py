@@ -18,6 +18,7 @@ from typing import Any
 
 from nbrewind.analysis import reachable_ids
 from nbrewind.checkpoint.serialize import Unserializable, digest_value, restoring_into
+from nbrewind.identity.modules import is_local_module
 from nbrewind.checkpoint.values import StagedGroup, load_group, stage_group, stage_json
 from nbrewind.store.objects import StagedBlob
 from nbrewind.store.digest import digest_bytes
@@ -191,7 +192,7 @@ class LiveState:
                     MODULE,
                     digest_bytes(("module|" + mod.__name__).encode()),
                     (name,),
-                    {"module": mod.__name__},
+                    {"module": mod.__name__, **({"local": True} if is_local_module(mod) else {})},
                 )
                 if self.entries.get(name) != entry:
                     changed[name] = entry

@@ -269,6 +269,9 @@ def run_cells(cells: tuple[str, ...] | list[str], workdir: Path, *, mode: str = 
                 with contextlib.redirect_stderr(noise):
                     session.finish(plan, reply)
             warnings.extend(line for line in noise.getvalue().splitlines() if line.strip())
+            # NBRewind's notices go to the kernel's log, not the cell's stderr.
+            warnings.extend(session.notices)
+            session.notices.clear()
             return outcome
 
         outcomes = [step(index, code) for index, code in enumerate(cells)]

@@ -132,7 +132,7 @@ def test_rng_files_env_and_cwd_are_recorded(runner: Runner) -> None:
 
 
 def test_full_disk_is_one_warning_and_the_kernel_keeps_working(
-    runner: Runner, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    runner: Runner, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """Fault injection: a real full disk cannot be made here, so chunk writes raise ENOSPC.
 
@@ -150,7 +150,7 @@ def test_full_disk_is_one_warning_and_the_kernel_keeps_working(
         runner.session.writer.flush()
     assert outcome.success and runner.ns["b"].shape == (100_000,)
     assert runner.cell("c = 3").success
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err
     assert err.count("NBRewind warning") == 1 and "No space left" in err
     assert "c" in _entries(runner)
     runner.session.writer.flush()
@@ -164,7 +164,7 @@ def test_full_disk_is_one_warning_and_the_kernel_keeps_working(
 
 
 def test_a_checkpoint_built_on_a_failed_write_is_refused(
-    runner: Runner, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    runner: Runner, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """Fault injection as above, but the next cell is staged before the failure is known:
     its checkpoint refers to the lost objects, so it is refused too, and the cell after
@@ -187,7 +187,7 @@ def test_a_checkpoint_built_on_a_failed_write_is_refused(
         runner.flush()
     runner.cell("d = 4")
     runner.flush()
-    assert capsys.readouterr().err.count("NBRewind warning") == 2
+    assert capfd.readouterr().err.count("NBRewind warning") == 2
     with Store.open(runner.store) as store:
         runs = store.catalog.cell_runs()
         assert [r.code for r in runs] == ["import numpy as np", "d = 4"]
@@ -219,7 +219,7 @@ def test_checkpoint_of_a_cell_that_reads_a_big_array_is_cheap(runner: Runner) ->
 
 
 def test_mutating_a_value_while_its_checkpoint_is_written_never_stores_a_wrong_value(
-    runner: Runner, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    runner: Runner, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """Checkpoints keep views of live arrays until the writer copies them. Hold the writer
     (a real write, delayed) while the next cell mutates the array: the first checkpoint
@@ -243,7 +243,7 @@ def test_mutating_a_value_while_its_checkpoint_is_written_never_stores_a_wrong_v
         runner.flush()
     runner.cell("z = float(a[0])")
     runner.flush()
-    assert "changed while its checkpoint was being written" in capsys.readouterr().err
+    assert "changed while its checkpoint was being written" in capfd.readouterr().err
     expected = runner.ns["a"].copy()
     with Store.open(runner.store) as store:
         assert verify_store(store).ok
@@ -254,7 +254,7 @@ def test_mutating_a_value_while_its_checkpoint_is_written_never_stores_a_wrong_v
 
 
 def test_keyboard_interrupt_during_checkpointing_leaves_the_store_consistent(
-    runner: Runner, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    runner: Runner, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """Fault injection: Ctrl-C cannot be timed into the checkpoint here, so staging raises it."""
     from nbrewind.session import state as state_module
@@ -268,7 +268,7 @@ def test_keyboard_interrupt_during_checkpointing_leaves_the_store_consistent(
         patch.setattr(state_module, "stage_group", interrupted)
         outcome = runner.cell("b = np.arange(100_000.0)")
     assert outcome.success
-    assert "interrupted" in capsys.readouterr().err
+    assert "interrupted" in capfd.readouterr().err
     runner.cell("c = 1")
     runner.flush()
     with Store.open(runner.store) as store:
