@@ -40,7 +40,6 @@ from nbrewind.session.plan import (
     LastCell,
     env_key,
     is_function_entry,
-    is_user_function,
     reply_record,
     run_status,
 )
@@ -243,7 +242,7 @@ class Session(RestoreMixin):
         if effects.dynamic:
             return self._user_names() | set(effects.reads) | set(effects.mutated)
         reads = set(effects.reads) | set(effects.mutated) | set(effects.deletes)
-        reads |= set(transitive_reads(frozenset(reads), FunctionView(self.namespace, self.state.entries), is_user_function))
+        reads |= set(transitive_reads(frozenset(reads), FunctionView(self.namespace, self.state.entries)))
         if reads & DYNAMIC_NAMES:
             return reads | self._user_names()
         return reads

@@ -90,10 +90,6 @@ def env_key(value: str | None) -> str:
     return ABSENT if value is None else digest_bytes(("env|" + value).encode())
 
 
-def is_user_function(obj: Any) -> bool:
-    return getattr(obj, "__module__", None) == "__main__"
-
-
 def run_status(reply: Mapping[str, Any]) -> str:
     status = reply.get("status", "ok")
     if status == "error" and reply.get("ename") in ("KeyboardInterrupt", "CancelledError"):

@@ -201,8 +201,14 @@ class RestoreMixin:
         for member, (digest, meta) in entries.items():
             if not member.startswith("@"):
                 scratch.set_pending(member, Entry.from_meta(digest, meta))
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            exec(compile(code, f"<nbrewind rebuild of {name}>", "exec"), scratch)
+        # The re-run must leave the process as it found it: a fresh run of the notebook never
+        # ran this cell a second time, so its draws from the global RNGs must not count.
+        rng = hidden.capture_rng()
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                exec(compile(code, f"<nbrewind rebuild of {name}>", "exec"), scratch)
+        finally:
+            hidden.restore_rng(rng)
         scratch.set_loader(None)
         if not dict.__contains__(scratch, name):
             raise NameError(f"re-running the cell that made {name!r} did not define it again")

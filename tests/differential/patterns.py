@@ -571,6 +571,11 @@ BY_NAME: dict[str, Pattern] = {p.name: p for p in PATTERNS}
 assert len(BY_NAME) == len(PATTERNS), "pattern names must be unique"
 
 KERNEL_PATTERNS: list[str] = [
+    "sort_inplace",
+    "class_method_assigned_restore",
+    "numpy_view_base",
+    "random_getstate_after_seed",
+    "dask_task_global_np_random",
     "module_edited_on_disk",
     "pandas_set_option_unmodified",
     "settings_unmodified_replay",

@@ -220,3 +220,15 @@ def test_a_replayed_dask_client_is_back_before_the_next_cell_runs(runner: Runner
             value = dict.get(runner.ns, name)
             if value is not None:
                 value.close()
+
+
+def test_rebuilding_an_unstorable_value_leaves_the_global_rng_as_a_fresh_run_would(runner: Runner) -> None:
+    """The cell that made a lock also drew from `random`; re-running it to rebuild the lock
+    must not advance the global state the next draw sees."""
+    cells = ["import random, threading", "random.seed(5)", "lock = threading.Lock()\nx = random.random()", "y = random.random()"]
+    probe = "held = lock.locked()\nv = random.random()"
+    runner.run([*cells, probe])
+    fresh_v = runner.ns["v"]
+    out = runner.run([*cells, probe], "repeat")
+    assert [o.decision for o in out][:4] == ["replayed"] * 4 and out[4].decision == "executed"
+    assert runner.ns["v"] == fresh_v and runner.ns["held"] is False
