@@ -66,7 +66,9 @@ def library_kind(path: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=16384)
 def _under_library(path: str) -> bool:
+    # Cached: every cell asks this for every loaded module, and realpath costs syscalls.
     return library_kind(path) is not None
 
 
@@ -87,8 +89,19 @@ def is_local_module(module: types.ModuleType) -> bool:
     name = module.__name__
     if name == "__main__":
         return False
-    path = module_source_path(module)
-    if path is None or not path.endswith(".py") or _under_library(path):
+    raw = getattr(module, "__file__", None)
+    if not isinstance(raw, str):
+        return False
+    return _is_local(name, raw)
+
+
+@functools.lru_cache(maxsize=16384)
+def _is_local(name: str, raw_path: str) -> bool:
+    path = raw_path
+    if path.endswith((".pyc", ".pyo")):
+        source = importlib.util.source_from_cache(path) if "__pycache__" in path else path[:-1]
+        path = source if os.path.exists(source) else path
+    if not path.endswith(".py") or _under_library(path):
         return False
     top = name.split(".", 1)[0]
     return top != "nbrewind" and _distribution(top) is None and not _editable(top, path)
@@ -107,12 +120,23 @@ def _editable(top: str, path: str) -> bool:
 
 
 def local_modules(modules: Iterable[types.ModuleType] | None = None) -> dict[str, types.ModuleType]:
-    """The loaded local modules, by name."""
+    """The loaded local modules, by name (every cell asks: the answer is reused while
+    sys.modules holds the same names)."""
+    global _last_scan
+    if modules is None:
+        names = tuple(sys.modules)
+        if _last_scan is not None and _last_scan[0] == names:
+            return {n: m for n, m in _last_scan[1].items() if sys.modules.get(n) is m}
     found = {}
     for module in list(sys.modules.values()) if modules is None else modules:
         if isinstance(module, types.ModuleType) and is_local_module(module):
             found[module.__name__] = module
+    if modules is None:
+        _last_scan = (names, dict(found))
     return found
+
+
+_last_scan: tuple[tuple[str, ...], dict[str, types.ModuleType]] | None = None
 
 
 def module_identity(module: types.ModuleType) -> str:
