@@ -49,7 +49,7 @@ _PLUMBING = frozenset({
 _OWN_BUSINESS = frozenset({
     "distributed", "tornado", "zmq", "ipykernel", "jupyter_client", "jupyter_core", "IPython", "nbrewind",
     "traitlets", "importlib", "zipimport", "pkgutil", "linecache", "inspect", "pkg_resources", "setuptools",
-    "platformdirs", "psutil", "comm", "debugpy", "matplotlib_inline", "multiprocessing", "site", "sysconfig",
+    "platformdirs", "psutil", "comm", "debugpy", "matplotlib_inline", "site", "sysconfig",
     "encodings", "warnings", "traceback", "tokenize", "logging", "weakref", "_pytest", "pytest", "pluggy",
     "jedi", "parso", "pygments", "prompt_toolkit", "stack_data", "executing", "nest_asyncio", "cloudpickle",
 })
