@@ -7,7 +7,9 @@ the same store, and compare that with running N' fresh on a plain shell/kernel.
 A notebook is built from one or two *fragments*, each a short story exercising
 one kind of state NBRewind must carry (aliasing, mutation through notebook
 functions, RNGs, files, exceptions, `del`, redefinitions, globals read by
-helpers, closures and defaults, environment variables). Fragments use names
+helpers, closures and defaults, environment variables, in-place changes static
+analysis cannot see, library settings, directory listings and file metadata,
+numpy views, class attribute order and weak references). Fragments use names
 suffixed with their index so two of them never collide; their cells are
 interleaved in a seeded order that keeps each fragment's own order.
 
@@ -23,6 +25,13 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+# Library settings are cell inputs once their library is loaded (nbrewind.identity.settings).
+# In-process runs share one interpreter, so a library first imported by one run would be
+# absent for that run's early cells and present from the start of every later run, which
+# no pair of kernel processes sees. differential.inprocess preloads numpy and dask.config;
+# pandas is preloaded here because only the `inplace` and `settings` fragments use it.
+import pandas  # noqa: E402,F401
 
 __all__ = ["FAMILIES", "Case", "Edit", "Fragment", "cosmetic", "make_case"]
 
@@ -308,6 +317,253 @@ def environment(rng: random.Random, s: str) -> Fragment:
     return Fragment("environment", cells, edits)
 
 
+def inplace(rng: random.Random, s: str) -> Fragment:
+    """In-place changes no assignment shows: sort/reverse, numpy out=, fillna(**kw), bound methods,
+    map(out.append), defaultdict reads, methods mutating self, a function appending to a global."""
+    kind = rng.choice(["sort", "numpy_out", "fillna", "bound_method", "map_append", "defaultdict", "method_self", "global_append"])
+    k1, k2, k3 = _ints(rng, 3)
+    if kind == "sort":
+        how = rng.choice(["sort", "reverse"])
+        cells = [f"lst{s} = [{k1}, {k2}, {k3}]", f"lst{s}.{how}()", f"print(lst{s})"]
+        edits = [
+            Edit(f"{how}-data", 0, f"lst{s} = [{_other(rng, k1)}, {k2}, {k3}]"),
+            Edit(f"{how}-data-longer", 0, f"lst{s} = [{k1}, {k2}, {k3}, {_other(rng, k2)}]"),
+            Edit(f"{how}-reader", 2, f"print('{how}', lst{s})"),
+        ]
+    elif kind == "numpy_out":
+        x, y = rng.randint(0, 3), rng.randint(0, 3)
+        if rng.random() < 0.5:
+            call, other_call, label = f"np.exp(a{s}, out=a{s});", f"np.exp(a{s}, out=a{s})\nnp.exp(a{s}, out=a{s});", "exp-out"
+        else:
+            call, other_call, label = f"np.add(a{s}, {k1}, a{s});", f"np.add(a{s}, {_other(rng, k1)}, a{s});", "add-out"
+        cells = [f"import numpy as np\na{s} = np.array([{x}.0, {y}.5])", call, f"print(a{s}.round(3))"]
+        edits = [
+            Edit(f"{label}-data", 0, f"import numpy as np\na{s} = np.array([{x}.0, {_other(rng, y, 0, 3)}.25])"),
+            Edit(f"{label}-argument", 1, other_call),
+            Edit(f"{label}-reader", 2, f"print('a', a{s}.round(3))"),
+        ]
+    elif kind == "fillna":
+        cells = [
+            f"import pandas as pd\ndf{s} = pd.DataFrame({{'x': [{k1}.0, None, {k2}.0]}})",
+            f"kw{s} = {{'inplace': True}}",
+            f"df{s}.fillna({k3}, **kw{s})",
+            f"print(df{s}.x.tolist())\ndel df{s}",
+        ]
+        edits = [
+            Edit("fillna-data", 0, f"import pandas as pd\ndf{s} = pd.DataFrame({{'x': [None, {_other(rng, k1)}.0, None]}})"),
+            Edit("fillna-argument", 2, f"df{s}.fillna({_other(rng, k3)}, **kw{s})"),
+            Edit("fillna-kwargs", 1, f"kw{s} = {{'inplace': False}}"),
+            Edit("fillna-reader", 3, f"print('x', df{s}.x.tolist())\ndel df{s}"),
+        ]
+    elif kind == "bound_method":
+        cells = [f"lst{s} = [{k1}]", f"push{s} = lst{s}.append", f"push{s}({k2})", f"print(lst{s})\ndel push{s}"]
+        edits = [
+            Edit("bound-method-data", 0, f"lst{s} = [{_other(rng, k1)}, {k3}]"),
+            Edit("bound-method-argument", 2, f"push{s}({_other(rng, k2)})"),
+            Edit("bound-method-reader", 3, f"push{s}({k3})\nprint('lst', lst{s})\ndel push{s}"),
+        ]
+    elif kind == "map_append":
+        n = rng.randint(1, 4)
+        cells = [f"out{s} = [{k1}]", f"list(map(out{s}.append, range({n})))", f"print(out{s})"]
+        edits = [
+            Edit("map-append-data", 0, f"out{s} = [{_other(rng, k1)}]"),
+            Edit("map-append-argument", 1, f"list(map(out{s}.append, range({n + 1})))"),
+            Edit("map-append-reader", 2, f"print('out', out{s})"),
+        ]
+    elif kind == "defaultdict":
+        cells = [
+            f"from collections import defaultdict\nd{s} = defaultdict(list, {{'k{k1}': [{k2}]}})",
+            f"print(d{s}['m{k2}'])",
+            f"print(len(d{s}), sorted(d{s}))",
+        ]
+        edits = [
+            Edit("defaultdict-data", 0, f"from collections import defaultdict\nd{s} = defaultdict(list, {{'k{k1}': [{k2}], 'k{k3}x': []}})"),
+            Edit("defaultdict-missing-key", 1, f"print(d{s}['m{k2}'], d{s}['n{k3}'])"),
+            Edit("defaultdict-reader", 2, f"print('len', len(d{s}))"),
+        ]
+    elif kind == "method_self":
+        cells = [
+            f"class Acc{s}:\n    def __init__(self, start):\n        self.items = [start]\n    def add(self, x):\n        self.items.append(x)",
+            f"acc{s} = Acc{s}({k1})",
+            f"acc{s}.add({k2})",
+            f"print(acc{s}.items)",
+        ]
+        edits = [
+            Edit("method-self-data", 1, f"acc{s} = Acc{s}({_other(rng, k1)})"),
+            Edit("method-self-argument", 2, f"acc{s}.add({_other(rng, k2)})"),
+            Edit("method-self-reader", 3, f"print('items', acc{s}.items)"),
+        ]
+    else:
+        cells = [
+            f"log{s} = [{k1}]",
+            f"def note{s}(x):\n    log{s}.append(x)\nnote{s}({k2})\nnote{s}({k3})",
+            f"print(log{s})",
+        ]
+        edits = [
+            Edit("global-append-data", 0, f"log{s} = [{_other(rng, k1)}]"),
+            Edit("global-append-argument", 1, f"def note{s}(x):\n    log{s}.append(x)\nnote{s}({_other(rng, k2)})\nnote{s}({k3})"),
+            Edit("global-append-reader", 2, f"print('log', log{s})"),
+        ]
+    return Fragment("inplace", cells, edits)
+
+
+_WARN_CELL = "try:\n    warnings.warn('careful{s}', UserWarning)\n    print('no error')\nexcept UserWarning as e:\n    print('raised', e)"
+
+
+def settings(rng: random.Random, s: str) -> Fragment:
+    """A library setting changed by one cell and in force for later ones (numpy print precision,
+    pandas display precision, the decimal context, warnings filters). The last cell puts the
+    process-wide default back: later runs in the same process start from it."""
+    kind = rng.choice(["numpy", "pandas_set_option", "pandas_options", "decimal", "warnings"])
+    p = rng.randint(1, 6)
+    q = _other(rng, p, 1, 6)
+    if kind == "numpy":
+        cells = [
+            f"import numpy as np\nnp.set_printoptions(precision={p})",
+            f"arr{s} = np.array([1.23456789, {rng.randint(2, 9)}.87654321])",
+            f"print(arr{s})",
+            f"print(arr{s} / 3)\nnp.set_printoptions(precision=8)",
+        ]
+        edits = [
+            Edit("numpy-precision", 0, f"import numpy as np\nnp.set_printoptions(precision={q})"),
+            Edit("numpy-reader", 2, f"print('arr', arr{s})"),
+        ]
+    elif kind in ("pandas_set_option", "pandas_options"):
+        def setter(v: int) -> str:
+            if kind == "pandas_set_option":
+                return f"import pandas as pd\npd.set_option('display.precision', {v})"
+            return f"import pandas as pd\npd.options.display.precision = {v}"
+
+        cells = [
+            setter(p),
+            f"df{s} = pd.DataFrame({{'v': [1.23456789, {rng.randint(2, 9)}.5]}})",
+            f"print(df{s})",
+            f"print(df{s}.v * 3)\npd.reset_option('display.precision')\ndel df{s}",
+        ]
+        edits = [
+            Edit(f"{kind.replace('_', '-')}-precision", 0, setter(q)),
+            Edit(f"{kind.replace('_', '-')}-reader", 2, f"print('df', df{s})"),
+        ]
+    elif kind == "decimal":
+        k = rng.randint(1, 6)
+        cells = [
+            f"import decimal\ndecimal.getcontext().prec = {p}",
+            f"q{s} = decimal.Decimal({k}) / decimal.Decimal(7)",
+            f"print(q{s})",
+            f"print(decimal.Decimal(1) / decimal.Decimal(3))\ndecimal.getcontext().prec = 28",
+        ]
+        edits = [
+            Edit("decimal-precision", 0, f"import decimal\ndecimal.getcontext().prec = {q}"),
+            Edit("decimal-reader", 2, f"print('q', q{s})"),
+        ]
+    else:
+        action = rng.choice(["error", "ignore"])
+        other = "ignore" if action == "error" else "error"
+        warn = _WARN_CELL.format(s=s)
+        cells = [
+            f"import warnings\nsaved{s} = list(warnings.filters)",
+            f"warnings.simplefilter('{action}', UserWarning)",
+            warn,
+            f"{warn}\nwarnings.filters[:] = saved{s}\nwarnings._filters_mutated()\ndel saved{s}",
+        ]
+        edits = [
+            Edit("warnings-action", 1, f"warnings.simplefilter('{other}', UserWarning)"),
+            Edit("warnings-reader", 2, "print('warn')\n" + warn),
+        ]
+    return Fragment("settings", cells, edits)
+
+
+def listing(rng: random.Random, s: str) -> Fragment:
+    """Files written by one cell, seen by later ones only through listings and metadata."""
+    k = rng.randint(1, 6)
+    j = rng.randint(1, 5)
+    # An edit of k that flips whether f<j>.txt exists, and one to any other k.
+    crossing = rng.randint(1, j) if k > j else rng.randint(j + 1, 7)
+    word = rng.choice(["ab", "xyz", "long"])
+    other = rng.choice([w for w in ["ab", "xyz", "long"] if w != word])
+
+    def writer(text: str) -> str:
+        return (
+            f"import os\nos.makedirs('data{s}', exist_ok=True)\nfor i{s} in range(n{s}):\n"
+            f"    with open(f'data{s}/f{{i{s}}}.txt', 'w') as fh:\n        fh.write('{text}' * (i{s} + 1))\ndel fh, i{s}"
+        )
+
+    readers = {
+        "listdir": f"print(sorted(os.listdir('data{s}')))",
+        "glob": f"import glob\nprint(sorted(glob.glob('data{s}/*.txt')))",
+        "scandir": f"print(len(list(os.scandir('data{s}'))))",
+        "exists": f"print(os.path.exists('data{s}/f{j}.txt'))",
+        "getsize": f"print(os.path.getsize('data{s}/f0.txt'), sum(os.path.getsize(f'data{s}/{{n}}') for n in os.listdir('data{s}')))",
+    }
+    chosen = rng.sample(sorted(readers), k=2)
+    cells = [f"n{s} = {k}", writer(word), *(readers[r] for r in chosen)]
+    edits = [
+        Edit("listing-count", 0, f"n{s} = {_other(rng, k, 1, 7)}"),
+        Edit("listing-count-exists", 0, f"n{s} = {crossing}"),
+        Edit("listing-content", 1, writer(other)),
+    ]
+    return Fragment("listing", cells, edits)
+
+
+def views(rng: random.Random, s: str) -> Fragment:
+    """Relations a restore must keep: a numpy view and its base, a class's attribute order,
+    a weak reference to a live object."""
+    n = rng.randint(4, 9)
+    lo = rng.randint(0, n - 2)
+    hi = rng.randint(lo + 1, n)
+    val = rng.randint(50, 99)
+    same_cell = rng.random() < 0.5
+
+    def make(n_: int, lo_: int, hi_: int) -> list[str]:
+        if same_cell:
+            return [f"import numpy as np\na{s} = np.arange({n_})\nv{s} = a{s}[{lo_}:{hi_}]"]
+        return [f"import numpy as np\na{s} = np.arange({n_})", f"v{s} = a{s}[{lo_}:{hi_}]"]
+
+    cells = make(n, lo, hi) + [f"v{s}[0] = {val}\nprint(a{s})", f"v{s} += 1\nprint(a{s}, v{s}.base is a{s})"]
+    write = len(cells) - 2
+    edits = [
+        Edit("view-size", 0, make(_other(rng, n, hi, 12), lo, hi)[0]),
+        Edit("view-value", write, f"v{s}[0] = {_other(rng, val, 50, 99)}\nprint(a{s})"),
+        Edit("view-reader", write + 1, f"v{s} += 2\nprint('a', a{s}, v{s}.base is a{s})"),
+    ]
+    new_lo = _other(rng, lo, 0, n - 2) if n > 2 else lo
+    new_hi = rng.randint(new_lo + 1, n)
+    if same_cell:
+        edits.append(Edit("view-bounds-in-definition", 0, make(n, new_lo, new_hi)[0]))
+    else:
+        edits.append(Edit("view-bounds", 1, make(n, new_lo, new_hi)[1]))
+    extra = rng.choice(["class", "weakref"])
+    if extra == "class":
+        names = rng.sample(["zeta", "alpha", "mid", "beta", "omega", "gamma"], k=4)
+        while names == sorted(names):
+            rng.shuffle(names)
+        body = "\n".join(f"    {name} = {i}" for i, name in enumerate(names))
+        at = len(cells)
+        cells += [
+            f"class K{s}:\n{body}\n    def m(self):\n        return 0",
+            f"print(list(k for k in vars(K{s}) if not k.startswith('__')))",
+        ]
+        swapped = names[1:] + names[:1]
+        edits += [
+            Edit("class-order", at, "class K{s}:\n{b}\n    def m(self):\n        return 0".format(
+                s=s, b="\n".join(f"    {name} = {i}" for i, name in enumerate(swapped)))),
+            Edit("class-reader", at + 1, f"print('attrs', [k for k in vars(K{s}) if not k.startswith('__')])"),
+        ]
+    else:
+        k = rng.randint(2, 60)
+        at = len(cells)
+        cells += [
+            f"class Box{s}:\n    pass\nobj{s} = Box{s}()\nobj{s}.v = {k}",
+            f"import weakref\nr{s} = weakref.ref(obj{s})",
+            f"print(r{s}() is obj{s}, r{s}().v)\ndel r{s}",
+        ]
+        edits += [
+            Edit("weakref-value", at, f"class Box{s}:\n    pass\nobj{s} = Box{s}()\nobj{s}.v = {_other(rng, k)}"),
+            Edit("weakref-reader", at + 2, f"print('alive', r{s}() is obj{s})\ndel r{s}"),
+        ]
+    return Fragment("views", cells, edits)
+
+
 FAMILIES: dict[str, FragmentMaker] = {
     "alias": alias,
     "mutfunc": mutfunc,
@@ -319,6 +575,10 @@ FAMILIES: dict[str, FragmentMaker] = {
     "helpers": helpers,
     "closures": closures,
     "environment": environment,
+    "inplace": inplace,
+    "settings": settings,
+    "listing": listing,
+    "views": views,
 }
 
 
