@@ -10,7 +10,9 @@ which is syntax and lives here. A use is one of:
 - ``attr``: ``n.a`` read and not chained further; `nargs` is 1 when its value is
   passed on (``f(n.a)``, ``n.a[0]``), which is pure only for attributes whose value
   cannot alias the object; other chains (``n.a.b``) are `other`;
-- ``item``: ``n[k]`` read (chains of reads ``n[i][j]`` included);
+- ``item``: ``n[k]`` read (chains of reads ``n[i][j]`` included); ``item_arg`` when
+  passed straight to a call (``float(n[0])``), ``item_method`` when a method of the
+  item is called (``df['c'].value_counts()``);
 - ``arg``: a direct argument ``f(n)`` / ``f(x=n)``, with the callee's dotted name
   and the number of positional arguments (a ufunc's extra positional argument is
   its output);
@@ -99,7 +101,18 @@ def _classify(node: ast.Name, parents: dict[int, ast.AST]) -> Use:
         while isinstance(parents.get(id(top)), ast.Subscript) and parents[id(top)].value is top:  # type: ignore[attr-defined]
             top = parents[id(top)]
         above = parents.get(id(top))
-        if isinstance(above, (ast.Attribute, ast.Call, ast.Starred)) or not isinstance(getattr(top, "ctx", None), ast.Load):
+        if not isinstance(getattr(top, "ctx", None), ast.Load):
+            return Use("other")
+        if isinstance(above, ast.Call) and top in above.args:
+            # `float(a[0])`: pure when the callee is.
+            return Use("item_arg", _dotted(above.func) or "", len(above.args), _unsafe(above))
+        if isinstance(above, ast.Attribute) and above.value is top:
+            call = parents.get(id(above))
+            if isinstance(call, ast.Call) and call.func is above:
+                # `df['cat'].value_counts()`: a method of the item, pure for some types.
+                return Use("item_method", above.attr, len(call.args), _unsafe(call))
+            return Use("other")
+        if isinstance(above, (ast.Attribute, ast.Call, ast.Starred)):
             return Use("other")
         return Use("item")
     if isinstance(parent, ast.Call) and node in parent.args:

@@ -119,8 +119,14 @@ class ArrayViews:
             entry[2] = entry[2] or _covers(array, root)
             entry[3].append(array)
             return NotImplemented
-        if array is root or id(root) not in self.shared:
+        if id(root) not in self.shared:
             return NotImplemented
+        if array is root:
+            # The root comes back owning its memory, as it did live: views rebuilt over it
+            # then have it as their base (`v.base is a`), which a zero-copy load, whose
+            # arrays view the load buffer, cannot give. It costs one copy of the root,
+            # and only for roots that views in the same group share.
+            return (_owning_copy, (_AsIs(array),))
         reduced = reduce_view(array, root)
         return NotImplemented if reduced is None else reduced
 
@@ -160,6 +166,20 @@ def reduce_view(array: Any, root: Any) -> tuple[Any, ...] | None:
         _rebuild_view,
         (root, offset, array.shape, array.strides, array.dtype, bool(array.flags.writeable)),
     )
+
+
+class _AsIs:
+    """Pickles the wrapped array as numpy does (out-of-band buffers and all)."""
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return self.array.__reduce_ex__(protocol)
+
+
+def _owning_copy(array: Any) -> Any:
+    return array.copy(order="K")
 
 
 def _rebuild_view(root: Any, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any, writeable: bool) -> Any:

@@ -123,7 +123,12 @@ class Outside:
         written = 0
         impure: list[str] = []
         now = self.setting_keys()
-        moved = [n for n, key in now.items() if before.get(f"@setting:{n}") != key and key != ABSENT]
+        # A pending setting (restored by `%nbrewind restore` in this cell, not applied yet)
+        # is already an entry: only live changes are this cell's.
+        moved = [
+            n for n, key in now.items()
+            if before.get(f"@setting:{n}") != key and key != ABSENT and n not in self.pending_settings
+        ]
         if moved:
             snapshots = settings_registry.capture_settings(moved)
             for name in moved:

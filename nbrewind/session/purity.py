@@ -94,6 +94,12 @@ READ_PURE_TYPES = frozenset(
      "pandas.Index", "dask.array.Array", "dask.dataframe.DataFrame", "dask.dataframe.Series", "dask.bag.Bag",
      "dask.delayed.Delayed"}
 )
+# The types `value[k]` can return, for types whose item methods can be judged.
+ITEM_TYPES: dict[str, tuple[str, ...]] = {
+    "pandas.DataFrame": ("pandas.DataFrame", "pandas.Series"),
+    "pandas.Series": ("pandas.Series",),
+    "numpy.ndarray": ("numpy.ndarray",),
+}
 # Functions that never change their arguments, by module and name; checked by identity
 # (`callee is getattr(sys.modules[module], name)`), so a user's own `sum` is not one of them.
 PURE_CALLEES: dict[str, frozenset[str]] = {
@@ -180,8 +186,12 @@ def _pure_use(label: str, use: Use, namespace: Mapping[str, Any]) -> bool:
         return use.detail in PURE_ATTRS.get(label, ()) and (use.nargs == 0 or use.detail in _PLAIN_ATTRS)
     if use.kind in ("item", "iter", "operand"):
         return label in READ_PURE_TYPES
-    if use.kind == "arg":
+    if use.kind in ("arg", "item_arg"):
         return label in READ_PURE_TYPES and not use.unsafe_keywords and _pure_callee(use, namespace)
+    if use.kind == "item_method":
+        # What `n[k]` returns is known for these types only: a column, a frame, a sub-array.
+        returns = ITEM_TYPES.get(label)
+        return returns is not None and not use.unsafe_keywords and all(use.detail in PURE_METHODS[t] for t in returns)
     return False
 
 
