@@ -211,7 +211,6 @@ class Session(RestoreMixin):
         except Exception:
             transformed = code
         effects = analyze_cell(transformed)
-        uses = name_uses(transformed)
         plan = CellPlan(
             record=True,
             code=code,
@@ -220,7 +219,6 @@ class Session(RestoreMixin):
             cell_id=cell_id,
             msg_id=msg_id,
             effects=effects,
-            uses=uses,
         )
         plan.reads = self._reads(effects)
         plan.inputs = {name: self._key(name) for name in sorted(plan.reads)}
@@ -345,6 +343,7 @@ class Session(RestoreMixin):
         if plan.effects is not None and plan.effects.mutated:
             plan.module_bindings = outside.bindings(outside.installed_modules(plan.effects.mutated, self.namespace))
         plan.inputs.update(plan.outside_before)
+        plan.uses = name_uses(plan.transformed)  # only a cell that runs needs them
         plan.started = time.perf_counter()
         plan.rng_before = hidden.rng_states()
         plan.env_before = hidden.env_snapshot()

@@ -174,13 +174,10 @@ class Outside:
         """Restore a written entry of this module's kinds; False if `entry` is not one."""
         what = entry.extra.get("what")
         if what == "setting":
-            name = entry.extra["setting"]
-            setting = next((s for s in settings_registry.REGISTRY if s.name == name), None)
-            if setting is not None and setting.module in sys.modules:
-                self._apply_setting(entry)
-            else:
-                # Applied when a cell runs: restoring pandas options must not import pandas now.
-                self.pending_settings[name] = entry
+            # Applied when a cell runs (`apply_pending`): a replayed cell runs no code, and
+            # restoring a setting can import its library (pandas options, or warnings
+            # filters naming pandas' warning classes), which a replay must not pay for.
+            self.pending_settings[entry.extra["setting"]] = entry
             return True
         if what == "mstate":
             module = importlib.import_module(entry.extra["module"])
