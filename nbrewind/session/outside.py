@@ -28,6 +28,7 @@ from nbrewind.checkpoint.serialize import Unserializable, digest_value
 from nbrewind.checkpoint.values import load_group, stage_group
 from nbrewind.checkpoint.world import listing_key, stat_key
 from nbrewind.identity import settings as settings_registry
+from nbrewind.identity.code import code_info
 from nbrewind.identity.files import file_digest
 from nbrewind.identity.modules import is_local_module, local_modules, module_source_path
 from nbrewind.session.state import HIDDEN, Entry
@@ -231,15 +232,9 @@ def touches_rng(code_names: Iterable[str]) -> bool:
 
 
 def code_names(obj: Any) -> set[str]:
-    """Every name a function's code (and its nested code) refers to."""
-    names: set[str] = set()
+    """Every name a function's code (and its nested code) refers to (`identity.code`)."""
     code = getattr(obj, "__code__", None)
-    todo = [code] if isinstance(code, types.CodeType) else []
-    while todo:
-        co = todo.pop()
-        names.update(co.co_names)
-        todo.extend(c for c in co.co_consts if isinstance(c, types.CodeType))
-    return names
+    return set(code_info(code).names) if isinstance(code, types.CodeType) else set()
 
 
 def installed_modules(names: Iterable[str], namespace: Mapping[str, Any]) -> list[types.ModuleType]:
