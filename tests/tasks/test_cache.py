@@ -30,6 +30,8 @@ from nbrewind.tasks import impure  # noqa: E402
 from nbrewind.tasks.cache import REF_NAMESPACE, TaskCache  # noqa: E402
 from nbrewind.tasks.intercept import current_cache, intercepting  # noqa: E402
 
+from counting import Calls  # noqa: E402  (tests/tasks/counting.py)
+
 NOTEBOOK = '''
 import os, uuid
 COUNTS = {counts!r}
@@ -69,20 +71,6 @@ EDITS = {
     "helper": ("return x * SCALE", "return x * SCALE - 0"),
     "constant": ("SCALE = 2", "SCALE = 3"),
 }
-
-
-class Calls:
-    """Counts the calls task functions recorded in ``folder`` since the last ``take``."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-
-    def take(self) -> Counter[str]:
-        counts: Counter[str] = Counter()
-        for name in os.listdir(self.folder):
-            counts[name.rpartition("-")[0]] += 1
-            os.remove(self.folder / name)
-        return counts
 
 
 def notebook(counts: Path, edit: str | None = None) -> dict[str, Any]:

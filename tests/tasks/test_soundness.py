@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import textwrap
 import warnings
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,8 @@ from nbrewind.store import Store  # noqa: E402
 from nbrewind.tasks.cache import TaskCache  # noqa: E402
 from nbrewind.tasks.fingerprint import Fingerprinter  # noqa: E402
 from nbrewind.tasks.intercept import intercepting  # noqa: E402
+
+from counting import Calls  # noqa: E402  (tests/tasks/counting.py)
 from nbrewind.tasks.settings import task_settings  # noqa: E402
 
 NOTEBOOK = '''
@@ -91,20 +92,6 @@ def length(text):
     tick("length")
     return len(text)
 '''
-
-
-class Calls:
-    """Counts the calls task functions recorded in ``folder`` since the last ``take``."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-
-    def take(self) -> Counter[str]:
-        counts: Counter[str] = Counter()
-        for name in os.listdir(self.folder):
-            counts[name.rpartition("-")[0]] += 1
-            os.remove(self.folder / name)
-        return counts
 
 
 @pytest.fixture
