@@ -122,11 +122,7 @@ class ArrayViews:
         if id(root) not in self.shared:
             return NotImplemented
         if array is root:
-            # The root comes back owning its memory, as it did live: views rebuilt over it
-            # then have it as their base (`v.base is a`), which a zero-copy load, whose
-            # arrays view the load buffer, cannot give. It costs one copy of the root,
-            # and only for roots that views in the same group share.
-            return (_owning_copy, (_AsIs(array),))
+            return NotImplemented  # pickled as numpy does; the load makes it own its memory
         reduced = reduce_view(array, root)
         return NotImplemented if reduced is None else reduced
 
@@ -168,18 +164,9 @@ def reduce_view(array: Any, root: Any) -> tuple[Any, ...] | None:
     )
 
 
-class _AsIs:
-    """Pickles the wrapped array as numpy does (out-of-band buffers and all)."""
-
-    def __init__(self, array: Any) -> None:
-        self.array = array
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        return self.array.__reduce_ex__(protocol)
-
-
 def _owning_copy(array: Any) -> Any:
-    return array.copy(order="K")
+    # Named by checkpoints written before loads made every array own its memory.
+    return array
 
 
 def _rebuild_view(root: Any, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any, writeable: bool) -> Any:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import io
 import pickle
 import sys
@@ -41,6 +42,8 @@ from nbrewind.checkpoint.reducers import (
     ordered_class_reduce,
     type_made_keys,
 )
+from nbrewind.identity.code import code_digest, line_digest
+from nbrewind.identity.values import MemoNeeded, array_digest, buffer_digest, is_notebook_code, pickle_digest
 
 __all__ = [
     "OOB_THRESHOLD",
@@ -205,6 +208,9 @@ class _LiveResource(Exception):
         self.type_name = type_name
 
 
+_BY_REFERENCE = (types.FunctionType, types.BuiltinFunctionType, type)
+
+
 class _Pickler(cloudpickle.Pickler):
     """cloudpickle's pickler that refuses live resources anywhere in the value.
 
@@ -226,15 +232,22 @@ class _Pickler(cloudpickle.Pickler):
         super().__init__(*args, **kwargs)
         self._for_digest = for_digest
         self._views = views
+        self._reduced: dict[int, Any] = {}
 
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
+        if self.fast and (not issubclass(kind, _BY_REFERENCE) or is_notebook_code(obj)):
+            # Memo-less (a digest): a second meeting is a cycle or a shared object.
+            # Library functions and classes are written as references: never a cycle.
+            if id(obj) in self._reduced:
+                raise MemoNeeded
+            self._reduced[id(obj)] = obj
         name = _live_resource_name(kind)
         if name is not None:
             raise _LiveResource(name)
         if kind is self._views.ndarray:
             return self._views.reduce(obj)
-        if kind is types.FunctionType and _is_notebook_function(obj):
+        if kind is types.FunctionType and is_notebook_code(obj):
             return _reduce_notebook_function(obj, self._for_digest)
         weak = WEAK_REDUCERS.get(kind)
         if weak is not None:
@@ -244,10 +257,6 @@ class _Pickler(cloudpickle.Pickler):
                 return _digest_class(obj)
             return ordered_class_reduce(obj, super().reducer_override(obj))
         return super().reducer_override(obj)
-
-
-def _is_notebook_function(func: types.FunctionType) -> bool:
-    return func.__module__ == "__main__" and dict.get(func.__globals__, "__name__") == "__main__"
 
 
 class _EmptyCell:
@@ -269,18 +278,11 @@ def restoring_into(namespace: dict[str, Any]) -> Iterator[None]:
         _target_globals.reset(token)
 
 
-def _normal_code(code: types.CodeType) -> types.CodeType:
-    consts = tuple(_normal_code(c) if isinstance(c, types.CodeType) else c for c in code.co_consts)
-    return code.replace(co_filename="<notebook>", co_firstlineno=1, co_consts=consts)
-
-
 def _reduce_notebook_function(func: types.FunctionType, for_digest: bool) -> Any:
-    code = _normal_code(func.__code__) if for_digest else func.__code__
     cells = func.__closure__ or ()
-    name, qualname = (_fresh(func.__name__), _fresh(func.__qualname__)) if for_digest else (func.__name__, func.__qualname__)
     state = {
-        "name": name,
-        "qualname": qualname,
+        "name": func.__name__,
+        "qualname": func.__qualname__,
         "defaults": func.__defaults__,
         "kwdefaults": func.__kwdefaults__,
         "doc": func.__doc__,
@@ -288,7 +290,13 @@ def _reduce_notebook_function(func: types.FunctionType, for_digest: bool) -> Any
         "dict": func.__dict__ or None,
         "closure": tuple(_cell_value(cell) for cell in cells),
     }
-    return (_function_skeleton, (code, name, len(cells)), state, None, None, _set_function_state)
+    if for_digest:
+        # The code as nbrewind.identity.code defines it, plus its line layout (a replayed
+        # traceback shows lines); names copied so the memo links them to nothing.
+        state["name"], state["qualname"] = _fresh(func.__name__), _fresh(func.__qualname__)
+        code = func.__code__
+        return (_no_restore, (code_digest(code), line_digest(code), len(cells)), state, None, None, None)
+    return (_function_skeleton, (func.__code__, func.__name__, len(cells)), state, None, None, _set_function_state)
 
 
 def _fresh(name: str) -> str:
@@ -387,7 +395,7 @@ def _row_count(buffer: pickle.PickleBuffer) -> int:
         return rows if shaped.nbytes // rows >= OOB_THRESHOLD else 1
 
 
-def _dump(obj: object, threshold: int, *, for_digest: bool = False) -> Pickled:
+def _dump(obj: object, threshold: int) -> Pickled:
     """Pickle ``obj``; a second time when arrays in it share memory, to keep them views.
 
     The first pass records the memory root of every array it pickles; only
@@ -396,16 +404,16 @@ def _dump(obj: object, threshold: int, *, for_digest: bool = False) -> Pickled:
     shared arrays pay nothing.
     """
     views = ArrayViews()
-    pickled = _dump_once(obj, threshold, for_digest, views)
+    pickled = _dump_once(obj, threshold, views)
     if views.ndarray is not None and views.finish():
-        pickled = _dump_once(obj, threshold, for_digest, views)
+        pickled = _dump_once(obj, threshold, views)
     return pickled
 
 
-def _dump_once(obj: object, threshold: int, for_digest: bool, views: ArrayViews) -> Pickled:
+def _dump_once(obj: object, threshold: int, views: ArrayViews) -> Pickled:
     stream = io.BytesIO()
     collector = _BufferCollector(threshold)
-    pickler = _Pickler(stream, protocol=PICKLE_PROTOCOL, buffer_callback=collector, for_digest=for_digest, views=views)
+    pickler = _Pickler(stream, protocol=PICKLE_PROTOCOL, buffer_callback=collector, views=views)
     pickler.dump(obj)
     return Pickled(stream.getvalue(), collector.buffers, collector.segments)
 
@@ -422,22 +430,27 @@ def _module_record(obj: object) -> Unserializable | None:
     return None
 
 
-def _try_dump(obj: object, threshold: int, *, for_digest: bool = False) -> Pickled | Unserializable:
+def _try_dump(obj: object, threshold: int) -> Pickled | Unserializable:
     refused = _module_record(obj)
     if refused is not None:
         return refused
     try:
-        return _dump(obj, threshold, for_digest=for_digest)
-    except _LiveResource as exc:
+        return _dump(obj, threshold)
+    except Exception as exc:  # any failure of a user __reduce__ is data, not our crash
+        return _refusal(obj, exc)
+
+
+def _refusal(obj: object, exc: Exception) -> Unserializable:
+    """Why pickling ``obj`` raised ``exc``, as the record that says it cannot be stored."""
+    if isinstance(exc, _LiveResource):
         return Unserializable(
             _type_name(obj), f"holds a live resource ({exc.type_name}) that bytes cannot restore"
         )
-    except Unrestorable as exc:
+    if isinstance(exc, Unrestorable):
         return Unserializable(_type_name(obj), f"holds a {exc.type_name}: {exc.reason}")
-    except RecursionError:
+    if isinstance(exc, RecursionError):
         return Unserializable(_type_name(obj), "nested too deeply to pickle")
-    except Exception as exc:  # any failure of a user __reduce__ is data, not our crash
-        return Unserializable(_type_name(obj), f"{type(exc).__name__}: {exc}")
+    return Unserializable(_type_name(obj), f"{type(exc).__name__}: {exc}")
 
 
 def pickle_value(obj: object) -> Pickled | Unserializable:
@@ -449,25 +462,89 @@ def pickle_value(obj: object) -> Pickled | Unserializable:
     return _try_dump(obj, OOB_THRESHOLD)
 
 
-def unpickle_value(payload: bytes, buffers: Sequence[bytes | bytearray | memoryview]) -> object:
+def unpickle_value(
+    payload: bytes, buffers: Sequence[bytes | bytearray | memoryview], *, adopt: bool = False
+) -> object:
     """Rebuild a value from :func:`pickle_value`'s payload and buffers.
 
     A numpy array restored over a read-only buffer would itself be read-only,
-    unlike the original, so read-only buffers (``bytes``) are copied into
-    ``bytearray``.  Pass writable buffers (a ``bytearray`` filled with
-    ``readinto``) to restore without that copy.  Only unpickle bytes whose
+    unlike the original, so read-only buffers (``bytes``) are copied first.
+    numpy arrays come back owning their memory, as they did live: with
+    ``adopt``, a buffer that is a fresh one-dimensional uint8 numpy array the
+    caller made for this load becomes the restored array itself (no copy);
+    any other buffer is copied into the array.  Only unpickle bytes whose
     digest was verified and whose origin is trusted.
     """
     writable = [buf if _is_writable(buf) else bytearray(buf) for buf in buffers]
-    return pickle.loads(payload, buffers=writable)
+    adoptable = {id(buf) for buf in writable if adopt and _is_fresh_bytes_array(buf)}
+    return _OwningUnpickler(io.BytesIO(payload), adoptable, buffers=writable).load()
 
 
-def _is_writable(buf: bytes | bytearray | memoryview) -> bool:
+_NUMPY_FROMBUFFER = {("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer")}
+
+
+class _OwningUnpickler(pickle.Unpickler):
+    """Rebuilds out-of-band numpy arrays owning their memory, as they did live.
+
+    numpy's own rebuild makes an array a view of the load buffer, so ``a.base``
+    is that buffer, ``a.resize`` refuses, and a view sliced after the restore
+    has the buffer as its base instead of ``a``.
+    """
+
+    def __init__(self, file: io.BytesIO, adoptable: set[int], **kwargs: Any) -> None:
+        super().__init__(file, **kwargs)
+        self._adoptable = adoptable
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _NUMPY_FROMBUFFER:
+            return functools.partial(_owning_frombuffer, self._adoptable)
+        return super().find_class(module, name)
+
+
+def _is_fresh_bytes_array(buf: object) -> bool:
+    numpy = sys.modules.get("numpy")
+    return (
+        numpy is not None
+        and type(buf) is numpy.ndarray
+        and buf.dtype == numpy.uint8  # type: ignore[attr-defined]
+        and buf.ndim == 1  # type: ignore[attr-defined]
+        and buf.flags.owndata  # type: ignore[attr-defined]
+    )
+
+
+def _owning_frombuffer(
+    adoptable: set[int], buf: Any, dtype: Any, shape: Any, order: str, axis_order: Any = None
+) -> Any:
+    import numpy
+
+    if id(buf) in adoptable and (order == "C" or len(shape) <= 1):
+        adoptable.discard(id(buf))  # a buffer becomes one array only
+        try:
+            buf.dtype = dtype  # in place: the array keeps owning the memory it was read into
+            buf.shape = shape
+            return buf
+        except (TypeError, ValueError):  # a dtype numpy will not set in place (zero itemsize)
+            buf = buf.view(numpy.uint8).reshape(-1)
+    flat: Any = numpy.frombuffer(buf, dtype=dtype)
+    if order == "K" and axis_order is not None:
+        view = flat.reshape(shape, order="C").transpose(axis_order)
+    else:
+        view = flat.reshape(shape, order=order)
+    owned = view.copy(order="K")
+    if not view.flags.writeable:
+        owned.flags.writeable = False
+    return owned
+
+
+def _is_writable(buf: object) -> bool:
     if isinstance(buf, bytearray):
         return True
-    if isinstance(buf, memoryview):
-        return not buf.readonly
-    return False
+    if isinstance(buf, bytes):
+        return False
+    try:
+        return not memoryview(buf).readonly  # type: ignore[arg-type]
+    except TypeError:
+        return False
 
 
 def pickle_group(mapping: Mapping[str, object]) -> Pickled | Unserializable:
@@ -491,9 +568,12 @@ def pickle_group(mapping: Mapping[str, object]) -> Pickled | Unserializable:
     return Unserializable("group", f"cannot pickle {', '.join(names)} ({details})", names)
 
 
-def unpickle_group(payload: bytes, buffers: Sequence[bytes | bytearray | memoryview]) -> dict[str, object]:
-    """Rebuild the name -> value mapping written by :func:`pickle_group`."""
-    group = unpickle_value(payload, buffers)
+def unpickle_group(
+    payload: bytes, buffers: Sequence[bytes | bytearray | memoryview], *, adopt: bool = False
+) -> dict[str, object]:
+    """Rebuild the name -> value mapping written by :func:`pickle_group` (``adopt``: as in
+    :func:`unpickle_value`)."""
+    group = unpickle_value(payload, buffers, adopt=adopt)
     if not isinstance(group, dict):
         raise TypeError(f"expected a pickled group (dict), got {_type_name(group)}")
     return group
@@ -550,22 +630,17 @@ def _hash_pickled(hasher: Any, pickled: Pickled) -> None:
 def digest_value(obj: object) -> str | Unserializable:
     """A content digest of ``obj`` for change detection, without storing anything.
 
-    Contiguous numpy arrays and bytes-like values are hashed in place (dtype,
-    shape and memory order included), at close to xxh3's speed; a strided
-    array view is hashed through a C-ordered copy; everything
-    else is pickled with every buffer out of band and the stream plus the raw
-    buffers are hashed, so no buffer is copied.
+    Arrays and bytes-like values are digested in place, anything else through
+    this module's pickler (notebook functions by code, arrays sharing memory as
+    views, live resources refused), every buffer out of band and hashed where it
+    lies: see :mod:`nbrewind.identity.values`, which task fingerprints share.
 
     Different content, dtype or shape gives a different digest.  Equal content
-    normally gives an equal digest; when pickling is order- or
-    sharing-sensitive (a set of str under another PYTHONHASHSEED, ``[s, s]``
-    versus two equal strings) it may not, which only makes a value look
-    changed.
-
-    This is not ``digest_pickled(pickle_value(obj))`` and need not be: arrays
-    here skip pickling altogether, and the pickle here keeps all buffers out of
-    band while :func:`pickle_value` keeps small ones in band.  Compare digests
-    from this function only with digests from this function.
+    normally gives an equal digest, also across a checkpoint round trip (the
+    pickle is memo-less unless the value has cycles); when pickling is
+    order-sensitive (a set of str under another PYTHONHASHSEED) it may not,
+    which only makes a value look changed.  Compare digests from this function
+    only with digests from this function.
     """
     refused = _module_record(obj)
     if refused is not None:
@@ -575,49 +650,36 @@ def digest_value(obj: object) -> str | Unserializable:
     except (ValueError, BufferError, TypeError):
         fast = None  # a released view or an exotic buffer: let pickling decide
     if fast is not None:
-        return fast
-    result = _try_dump(obj, 0, for_digest=True)
-    if isinstance(result, Unserializable):
-        return result
-    hasher = xxhash.xxh3_128(b"nbrewind.value.pickle.v1")
-    _hash_pickled(hasher, result)
-    return hasher.hexdigest()
+        return fast.hex()
+    try:
+        return _digest_pickling(obj).hex()
+    except Exception as exc:  # any failure of a user __reduce__ is data, not our crash
+        return _refusal(obj, exc)
 
 
-def _digest_in_place(obj: object) -> str | None:
+def _digest_in_place(obj: object) -> bytes | None:
     kind = type(obj)
-    if kind is bytes or kind is bytearray:
-        hasher = xxhash.xxh3_128(b"nbrewind.value.bytes.v1")
-        hasher.update(kind.__name__.encode())
-        _frame(hasher, memoryview(obj))  # type: ignore[arg-type]
-        return hasher.hexdigest()
-    if kind is memoryview:
-        view: memoryview = obj  # type: ignore[assignment]
-        hasher = xxhash.xxh3_128(b"nbrewind.value.memoryview.v1")
-        hasher.update(f"{view.format}|{view.itemsize}|{view.shape}".encode())
-        _frame(hasher, view.cast("B") if view.c_contiguous else memoryview(view.tobytes()))
-        return hasher.hexdigest()
+    if kind is bytes or kind is bytearray or kind is memoryview:
+        return buffer_digest(obj)  # type: ignore[arg-type]
     numpy = sys.modules.get("numpy")
     if numpy is not None and kind is numpy.ndarray:
-        return _digest_array(obj)
+        return array_digest(obj)
     return None
 
 
-def _digest_array(array: Any) -> str | None:
-    dtype = array.dtype
-    if dtype.hasobject or dtype.names is not None:
-        return None  # object pointers or field layout: pickling describes these properly
-    flags = array.flags
-    if flags.c_contiguous:
-        order, data = "C", array
-    elif flags.f_contiguous:
-        order, data = "F", array.T  # the transpose of an F-array is C-contiguous: no copy
-    else:
-        # A strided view: hash a C-ordered copy, so it digests like its copy
-        # (pickle would copy it too).
-        order, data = "C", array.copy(order="C")
-    hasher = xxhash.xxh3_128(b"nbrewind.value.ndarray.v1")
-    hasher.update(f"{dtype.str}|{array.shape}|{order}".encode())
-    hasher.update(array.nbytes.to_bytes(8, "little"))
-    hasher.update(data)
-    return hasher.hexdigest()
+def _digest_pickling(obj: object) -> bytes:
+    views = ArrayViews()
+
+    def make(stream: io.BytesIO, collect: Any) -> pickle.Pickler:
+        def every_buffer_out_of_band(buffer: pickle.PickleBuffer) -> bool:
+            collect(buffer)
+            return False
+
+        return _Pickler(
+            stream, protocol=PICKLE_PROTOCOL, buffer_callback=every_buffer_out_of_band, for_digest=True, views=views
+        )
+
+    digest = pickle_digest(obj, make, b"nbrewind.value.pickle.v2")
+    if views.ndarray is not None and views.finish():
+        digest = pickle_digest(obj, make, b"nbrewind.value.pickle.v2")
+    return digest

@@ -9,8 +9,10 @@ unpickled.
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -70,19 +72,23 @@ def load_group(objects: ObjectStore, digest: str) -> dict[str, object]:
     start = len(_MAGIC) + 4
     header: dict[str, Any] = json.loads(payload[start : start + size])
     stream = payload[start + size :]
-    buffers: list[bytearray] = []
+    numpy = sys.modules.get("numpy")  # never imported here: only if the notebook did
+    allocate = None if numpy is None else functools.partial(numpy.empty, dtype=numpy.uint8)
+    buffers: list[Any] = []
     position = 0
     for count in header["segments"]:
-        parts = [objects.get_blob(d) for d in children[position : position + count]]
-        position += count
         if count == 1:
-            buffers.append(parts[0])
+            buffers.append(objects.get_blob(children[position], allocate))
         else:
-            joined = bytearray()
+            parts = [objects.get_blob(d) for d in children[position : position + count]]
+            joined = bytearray() if allocate is None else allocate(sum(len(p) for p in parts))
+            view, offset = memoryview(joined).cast("B"), 0
             for part in parts:
-                joined += part
+                view[offset : offset + len(part)] = part
+                offset += len(part)
             buffers.append(joined)
-    return unpickle_group(stream, buffers)
+        position += count
+    return unpickle_group(stream, buffers, adopt=allocate is not None)
 
 
 def stage_json(objects: ObjectStore, doc: Mapping[str, Any]) -> StagedBlob:

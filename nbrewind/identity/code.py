@@ -33,7 +33,7 @@ from typing import Any
 
 import xxhash
 
-__all__ = ["Chain", "CodeInfo", "code_digest", "code_info"]
+__all__ = ["Chain", "CodeInfo", "code_digest", "code_info", "line_digest"]
 
 _digest = xxhash.xxh3_128_digest
 _pack_d = struct.Struct("<d").pack
@@ -100,6 +100,24 @@ def code_info(code: types.CodeType) -> CodeInfo:
         _cache.clear()
     _cache[id(code)] = (code, info)
     return info
+
+
+def line_digest(code: types.CodeType) -> str:
+    """Hex digest of where ``code``'s lines sit relative to its first line (nested code
+    included): not part of what the code computes, but of what a traceback shows.
+
+    A cell key adds it to a notebook function's `code_digest`, because a replayed
+    traceback from inside the function must show the lines a fresh run shows; a
+    task fingerprint leaves it out, so a comment edit keeps cached task results.
+    """
+    hasher = xxhash.xxh3_128(b"nbrewind.code.lines.v1")
+    stack = [code]
+    while stack:
+        current = stack.pop()
+        hasher.update(len(current.co_linetable).to_bytes(8, "little"))
+        hasher.update(current.co_linetable)
+        stack.extend(c for c in reversed(current.co_consts) if isinstance(c, types.CodeType))
+    return hasher.hexdigest()
 
 
 def _name(s: str) -> bytes:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 
 from nbrewind.identity.files import file_digest
 
-__all__ = ["distribution_version", "is_local_module", "library_kind", "module_identity", "module_source_path"]
+__all__ = ["distribution_version", "is_local_module", "library_kind", "library_label", "module_source_path"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -139,17 +139,25 @@ def local_modules(modules: Iterable[types.ModuleType] | None = None) -> dict[str
 _last_scan: tuple[tuple[str, ...], dict[str, types.ModuleType]] | None = None
 
 
-def module_identity(module: types.ModuleType) -> str:
-    """A stable label of what `module` is: ``src|<digest>``, ``dist|<name>|<version>`` or ``std|<py>|<name>``."""
-    if is_local_module(module):
-        path = module_source_path(module)
-        assert path is not None
-        return f"src|{file_digest(path) or 'missing'}"
-    top = module.__name__.split(".", 1)[0]
-    dist = _distribution(top)
-    if dist is not None:
-        return f"dist|{dist[0]}|{dist[1]}|{module.__name__}"
-    return f"std|{sys.version_info[0]}.{sys.version_info[1]}|{module.__name__}"
+def library_label(module: types.ModuleType) -> str | None:
+    """What a library module is, as a stable label: ``<distribution>==<version>`` for an
+    installed one, ``python==<x.y.z>`` for the standard library and builtins; None for the
+    user's own code (the notebook, a local module), which callers key by content."""
+    python = "python==" + ".".join(map(str, sys.version_info[:3]))
+    name = module.__name__
+    if name == "__main__":
+        return None
+    file = getattr(module, "__file__", None)
+    if not isinstance(file, str):
+        spec = getattr(module, "__spec__", None)
+        if name in sys.builtin_module_names or getattr(spec, "origin", None) in ("built-in", "frozen"):
+            return python
+        return None
+    kind = library_kind(file)
+    if kind == "installed":
+        top = name.partition(".")[0]
+        return f"{top}=={distribution_version(top)}"
+    return python if kind == "stdlib" else None
 
 
 @functools.lru_cache(maxsize=1)

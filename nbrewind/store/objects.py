@@ -18,11 +18,11 @@ import json
 import os
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import zstandard
 
@@ -389,11 +389,16 @@ class ObjectStore:
         """The byte length of the blob whose chunk-list tree is ``digest``."""
         return self._blob_layout(digest)[1]
 
-    def get_blob(self, digest: str) -> bytearray:
-        """Reassemble a blob stored by ``put_blob``; every chunk is verified."""
+    def get_blob(self, digest: str, allocate: Callable[[int], Any] | None = None) -> Any:
+        """Reassemble a blob stored by ``put_blob``; every chunk is verified.
+
+        The bytes land in a new ``bytearray``, or in ``allocate(size)``: any
+        writable one-byte-per-item buffer, such as a numpy array the caller
+        will turn into the restored array itself.
+        """
         children, size = self._blob_layout(digest)
-        out = bytearray(size)
-        view = memoryview(out)
+        out = bytearray(size) if allocate is None else allocate(size)
+        view = memoryview(out).cast("B")
         for index, child in enumerate(children):
             start = index * BLOB_CHUNK_SIZE
             target = view[start : start + BLOB_CHUNK_SIZE]

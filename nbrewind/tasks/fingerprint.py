@@ -45,6 +45,7 @@ import functools
 import io
 import os
 import pathlib
+import pickle
 import stat
 import struct
 import sys
@@ -57,11 +58,12 @@ import xxhash
 from nbrewind.errors import NbrewindError
 from nbrewind.identity.code import Chain, code_info
 from nbrewind.identity.files import file_digest
-from nbrewind.identity.modules import distribution_version, library_kind
+from nbrewind.identity.modules import library_label
+from nbrewind.identity.values import MemoNeeded, array_digest, pickle_digest
 
 __all__ = ["SCHEME", "Fingerprinter", "UnfingerprintableError"]
 
-SCHEME = b"nbrewind-fp/1;"
+SCHEME = b"nbrewind-fp/2;"
 _TASK = SCHEME + b"T"
 _DATA = SCHEME + b"D"
 _VALUE = SCHEME + b"V"
@@ -78,6 +80,7 @@ _CLASS_SKIP = frozenset(
 _MISSING = object()
 _BOUND_TYPES = (types.MethodType, types.BuiltinMethodType)
 _PICKLE_NATIVE = frozenset({str, bytes, int, float, bool, type(None), tuple, list, dict})
+_PICKLE_CONTAINERS = frozenset({tuple, list, dict})
 _BUILTIN_CALLABLES = (
     types.BuiltinFunctionType, types.MethodWrapperType, types.MethodDescriptorType,
     types.WrapperDescriptorType, types.ClassMethodDescriptorType,
@@ -118,43 +121,49 @@ class _HashingPickler:
     Functions, classes, sets, arrays and user-class instances inside a pickled
     library object are encoded by the Fingerprinter (by code, sorted, by
     buffer), so pickle's by-value function pickling (which embeds line numbers
-    and file names) and set iteration order never reach the digest. Out-of-band
-    buffers are hashed in place, not copied.
+    and file names) and set iteration order never reach the digest. The stream
+    and its out-of-band buffers are hashed by `nbrewind.identity.values`, the
+    same way cell keys hash a pickled value: in place and memo-less, so a string
+    shared before a checkpoint round trip and two equal strings after it agree.
     """
 
     def __init__(self, owner: Fingerprinter, root: object) -> None:
+        self.owner = owner
+        self.root = root
+
+    def _make(self, stream: io.BytesIO, collect: Callable[[pickle.PickleBuffer], None]) -> pickle.Pickler:
         import cloudpickle
 
-        self.buffer = io.BytesIO()
-        self.buffers: list[Any] = []
-        owner_ = owner
-        root_ = root
+        owner_, root_ = self.owner, self.root
+        met: dict[int, object] = {}
 
         class _Pickler(cloudpickle.Pickler):
             def persistent_id(self, obj: object) -> object:
                 t = type(obj)
                 if t in _PICKLE_NATIVE or obj is root_:
+                    if t in _PICKLE_CONTAINERS or obj is root_:
+                        _meet(self, obj)
                     return None
                 handler = owner_._handler(t)
                 if handler == owner_._enc_pickled:
+                    _meet(self, obj)
                     return None
                 sub: list[bytes] = []
                 handler(obj, sub)
                 return _digest(b"".join(sub))
 
-        self.pickler = _Pickler(self.buffer, protocol=5, buffer_callback=self.buffers.append)
+        def _meet(pickler: pickle.Pickler, obj: object) -> None:
+            # Memo-less, a second meeting is a cycle (reductions build fresh tuples, which
+            # hide it from the pickler) or a shared object: pickle with the memo instead.
+            if pickler.fast:
+                if id(obj) in met:
+                    raise MemoNeeded
+                met[id(obj)] = obj
+
+        return _Pickler(stream, protocol=5, buffer_callback=collect)
 
     def digest(self, obj: object) -> bytes:
-        self.pickler.dump(obj)
-        h = xxhash.xxh3_128(self.buffer.getbuffer())
-        for pb in self.buffers:
-            try:
-                raw = pb.raw()
-            except BufferError:
-                raw = memoryview(pb).tobytes()
-            h.update(b"%d:" % raw.nbytes)
-            h.update(raw)
-        return h.digest()
+        return pickle_digest(obj, self._make, _VALUE)
 
 
 class Fingerprinter:
@@ -169,7 +178,6 @@ class Fingerprinter:
 
     def __init__(self) -> None:
         self._modver: dict[str, bytes | None] = {}
-        self._dist_versions: dict[str, bytes] = {}
         self._fn_memo: dict[int, tuple[object, bytes, Files | None]] = {}
         self._val_memo: dict[int, tuple[object, bytes, Files | None]] = {}
         self._path_memo: dict[str, tuple[bytes, str]] = {}
@@ -725,16 +733,9 @@ class Fingerprinter:
 
     @staticmethod
     def _array_token(a: Any) -> bytes:
-        import numpy as np
-
-        dt = a.dtype
-        head = b"A" + _name(dt.str) + b"%r" % (a.shape,)
-        if dt.names is not None:
-            head += _name(repr(dt.descr))
-        flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-        h = xxhash.xxh3_128(head)
-        h.update(flat.data)
-        return b"A" + h.digest()
+        token = array_digest(a)
+        assert token is not None  # object arrays are pickled, never come here
+        return b"A" + token
 
     def _enc_npscalar(self, obj: Any, out: list[bytes]) -> None:
         if obj.dtype.hasobject:
@@ -1036,28 +1037,7 @@ class Fingerprinter:
         mod = sys.modules.get(modname)
         if mod is None:
             return None  # not imported: treat as user code, and do not cache
-        label = self._classify(modname, mod)
+        text = library_label(mod)
+        label = None if text is None else text.encode()
         self._modver[modname] = label
         return label
-
-    def _classify(self, modname: str, mod: types.ModuleType) -> bytes | None:
-        python = b"python==" + ".".join(map(str, sys.version_info[:3])).encode()
-        file = getattr(mod, "__file__", None)
-        if not file:
-            spec = getattr(mod, "__spec__", None)
-            origin = getattr(spec, "origin", None)
-            if modname in sys.builtin_module_names or origin in ("built-in", "frozen"):
-                return python
-            return None
-        kind = library_kind(file)
-        if kind == "installed":
-            return self._dist_version(modname.partition(".")[0])
-        if kind == "stdlib":
-            return python
-        return None
-
-    def _dist_version(self, top: str) -> bytes:
-        hit = self._dist_versions.get(top)
-        if hit is None:
-            hit = self._dist_versions[top] = _name(top) + b"==" + distribution_version(top).encode()
-        return hit

@@ -24,22 +24,11 @@ class Bug:
     hits: Callable[[Case, str], bool]
 
 
-def _restored_view_base(case: Case, tier: str) -> bool:
-    # The views fragment's reader prints `v.base is a`. With view-bounds, `v = a[lo:hi]` is
-    # its own edited cell, so it runs on an `a` the repeat restored alone: zero-copy loads
-    # make every restored array a view of its load buffer, and numpy then gives `v` that
-    # buffer as its base. (A view restored with its base is fine: the base owns its memory.)
-    return "views" in case.families and "views:view-bounds" in case.labels
-
-
-FIDELITY_BUGS: list[Bug] = [
-    Bug(
-        "an array restored on its own is a view of its load buffer (zero-copy), so a view sliced "
-        "from it after the restore has v.base is a False (True in a fresh run)",
-        _restored_view_base,
-    ),
-]
-"""Open: above. Fixed, with their cases kept in the harness:
+FIDELITY_BUGS: list[Bug] = []
+"""None open. Fixed, with their cases kept in the harness:
+- an array restored on its own was a view of its load buffer (zero-copy), so a view
+  sliced from it after the restore had `v.base is a` False (loads now make every array
+  own its memory: the load buffer becomes the array);
 - a restored numpy array and its view came back as views of a hidden load buffer, so
   `v.base is a` was False (a root shared by views in its group now comes back owning
   its memory);

@@ -53,15 +53,15 @@ def test_golden_fingerprints_are_pinned() -> None:
         "d": Alias("d", "c"),
     }
     assert fp.fingerprint_graph(dsk) == {
-        "a": "f321ec005cfc2c3877f510db3e43634e",
-        "b": "fec3534f7f37259b57bd508022cee957",
-        "c": "5f4b93e5ad8f4214d860fc30ed94edbc",
-        "d": "5f4b93e5ad8f4214d860fc30ed94edbc",
+        "a": "5296db4cb9239657122e54be58e4490c",
+        "b": "8f8ba37a8dfa3dc7fb3000d48ecef81f",
+        "c": "6215ccfd27468332a03cbae293a7d2f6",
+        "d": "6215ccfd27468332a03cbae293a7d2f6",
     }
-    assert fp.fingerprint_value({"k": [1, 2], "s": {3, 1}}) == "f15b0922b8fa48f27d82eca4e715d8fc"
-    assert fp.fingerprint_value(np.arange(6, dtype="<i8").reshape(2, 3)) == "862511fa5bec521bb38015478d0f5aab"
+    assert fp.fingerprint_value({"k": [1, 2], "s": {3, 1}}) == "582860f8ff8429e0a3167b0bebbb88cd"
+    assert fp.fingerprint_value(np.arange(6, dtype="<i8").reshape(2, 3)) == "fce5bc90d587520664072f9fce0a7bca"
     # The scheme, re-derived by hand for the simplest case: scheme, DataNode tag, int 1.
-    assert xxhash.xxh3_128_hexdigest(b"nbrewind-fp/1;D" + b"i1;") == "f321ec005cfc2c3877f510db3e43634e"
+    assert xxhash.xxh3_128_hexdigest(b"nbrewind-fp/2;D" + b"i1;") == "5296db4cb9239657122e54be58e4490c"
 
 
 # ---------------------------------------------------------------- process independence
@@ -388,3 +388,20 @@ def test_an_attribute_name_is_not_mistaken_for_a_global() -> None:
     assert fn_fp(first) == fn_fp(second)
     reads_global = "path = 'a'\ndef base(p):\n    return path + p\n"
     assert fn_fp(notebook(reads_global)["base"]) != fn_fp(notebook(reads_global.replace("'a'", "'b'"))["base"])
+
+
+# ---------------------------------------------------------------- round trips
+
+
+def test_a_collection_fingerprints_the_same_after_a_pickle_round_trip() -> None:
+    # da.ones carries a toolz.curry whose pickle shares a string before the round trip and
+    # not after; hashing pickles with their memo gave 9 of 61 keys the same fingerprint.
+    import pickle
+
+    import dask.array as da
+
+    x = (da.ones((400, 400), chunks=100) + np.arange(400.0)).sum(axis=0)
+    y = pickle.loads(pickle.dumps(x, protocol=5))
+    before = Fingerprinter().fingerprint_graph(dict(x.__dask_graph__()))
+    after = Fingerprinter().fingerprint_graph(dict(y.__dask_graph__()))
+    assert len(before) == 61 and after == before
