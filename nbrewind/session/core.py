@@ -25,6 +25,7 @@ from typing import Any
 from nbrewind.analysis import DYNAMIC_NAMES, CellEffects, analyze_cell, transitive_reads
 from nbrewind.analysis.uses import attribute_names, name_uses
 from nbrewind.checkpoint import hidden
+from nbrewind.checkpoint.draws import DrawWatch
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.outputs import OutputCapture, decode_outputs, encode_outputs, for_replay
 from nbrewind.checkpoint.serialize import Unserializable, digest_value
@@ -358,6 +359,7 @@ class Session(RestoreMixin):
         self._world.clear()
         stack.enter_context(self._world.tracking())
         plan.seeded = stack.enter_context(hidden.watching_seeds())
+        plan.draws = stack.enter_context(DrawWatch().watching())
         plan.tracking = stack
 
     # -- after a cell ran -----------------------------------------------------------
@@ -368,6 +370,8 @@ class Session(RestoreMixin):
             return
         outputs = self.capture.stop(plan.msg_id) if plan.msg_id else []
         if plan.tracking is not None:
+            if plan.draws is not None:
+                plan.background_draws_only = plan.draws.explained()
             plan.tracking.close()
         duration = time.perf_counter() - plan.started
         try:
@@ -427,9 +431,11 @@ class Session(RestoreMixin):
                     inputs[f"@rng:{which}"] = digest
         for which, digest in rng_after.items():
             if plan.rng_before.get(which) != digest:
-                if which in plan.rng_before and not plan.seeded.get(which):
+                background = which == hidden.RANDOM and plan.background_draws_only
+                if which in plan.rng_before and not plan.seeded.get(which) and not background:
                     # Consumed an existing state. A generator that only came into
-                    # being in this cell (numpy imported) was not an input.
+                    # being in this cell (numpy imported) was not an input, nor is
+                    # a state only distributed's own threads moved (checkpoint/draws.py).
                     inputs[f"@rng:{which}"] = plan.rng_before[which]
                 stored = stage_group(objects, {"state": saved[which]})
                 if isinstance(stored, Unserializable):

@@ -10,6 +10,7 @@ from typing import Any
 
 from nbrewind.analysis import CellEffects
 from nbrewind.analysis.uses import Use
+from nbrewind.checkpoint.draws import DrawWatch
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.session.state import Entry
 from nbrewind.store.catalog import CellRun
@@ -41,6 +42,8 @@ class CellPlan:
     cwd_before: str = ""
     tracking: contextlib.ExitStack | None = None
     seeded: dict[str, bool] = field(default_factory=dict)
+    draws: DrawWatch | None = None
+    background_draws_only: bool = False
     outside_before: dict[str, str] = field(default_factory=dict)
     uses: dict[str, list[Use]] | None = None
     module_bindings: dict[str, dict[str, int]] = field(default_factory=dict)

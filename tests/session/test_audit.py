@@ -131,6 +131,34 @@ def test_rng_files_env_and_cwd_are_recorded(runner: Runner) -> None:
     assert "@file:out.txt" in runs[4].inputs and runs[4].inputs["@file:out.txt"] != "absent" and "@cwd" in runs[4].inputs
 
 
+_SCHEDULER_LIKE = (
+    "import random, threading\n"
+    "def _pick():\n"
+    "    random.sample(range(100), 3)\n"
+    "def background():\n"
+    "    t = threading.Thread(target=_pick)\n"
+    "    t.start()\n"
+    "    t.join()\n"
+)
+
+
+def test_a_state_only_distributed_moved_is_not_an_input(runner: Runner) -> None:
+    """Stand-in for the in-process scheduler's draws, which cannot be triggered on demand:
+    real draws from real `random`, by code compiled as module `distributed.scheduler_like`."""
+    scheduler: dict = {"__name__": "distributed.scheduler_like"}
+    exec(compile(_SCHEDULER_LIKE, "<distributed.scheduler_like>", "exec"), scheduler)
+    runner.new_kernel("audit")
+    runner.ns["background"] = scheduler["background"]
+    outcomes = [runner.cell(code) for code in ["import random", "background()\ny = 1", "background()\nz = random.random()"]]
+    runner.flush()
+    assert all(o.success for o in outcomes)
+    with Store.open(runner.store) as store:
+        runs = store.catalog.cell_runs()
+    assert "@rng:random" not in runs[1].inputs  # only the scheduler's thread drew
+    assert "@rng:random" in (runs[1].writes or [])  # the state after it is still checkpointed
+    assert "@rng:random" in runs[2].inputs  # the cell drew too
+
+
 def test_full_disk_is_one_warning_and_the_kernel_keeps_working(
     runner: Runner, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
