@@ -250,17 +250,24 @@ def _matplotlib_put(snapshot: Any) -> None:
 _MPL_SKIP = frozenset({"backend", "backend_fallback"})
 
 
-DASK_CONFIG_EXCLUDED = frozenset({"scheduler", "get", "pool", "distributed"})
+DASK_CONFIG_EXCLUDED = frozenset({"scheduler", "get", "pool", "distributed", "temporary-directory"})
 """Top-level dask.config keys that are not notebook configuration: which scheduler runs
 (``scheduler``/``get``/``pool``: a live Client sets and unsets them; results must not
-depend on them), and the ``distributed`` tree (cluster, comm and dashboard tuning, added
-whole by ``import distributed``; its HTTP routes grow by one entry per scheduler started).
-Measured: two identical runs differ in exactly these."""
+depend on them), the ``distributed`` tree (cluster, comm and dashboard tuning, added
+whole by ``import distributed``; its HTTP routes grow by one entry per scheduler started),
+and ``temporary-directory``, the machine's scratch space (``DASK_TEMPORARY_DIRECTORY``
+often differs per job or per run; a replay must not point a kernel at another run's
+scratch). Measured: two identical runs differ in exactly these."""
+
+
+def _dask_excluded(key: str) -> bool:
+    # dask.config treats "-" and "_" alike; a key from DASK_* variables keeps the "_".
+    return key.replace("_", "-") in DASK_CONFIG_EXCLUDED
 
 
 def _dask_view() -> Any:
     config = sys.modules["dask.config"].config
-    return {k: v for k, v in list(config.items()) if k not in DASK_CONFIG_EXCLUDED}
+    return {k: v for k, v in list(config.items()) if not _dask_excluded(k)}
 
 
 def _dask_get() -> Any:
@@ -269,9 +276,9 @@ def _dask_get() -> Any:
 
 def _dask_put(snapshot: Any) -> None:
     config = sys.modules["dask.config"].config
-    for key in [k for k in config if k not in DASK_CONFIG_EXCLUDED and k not in snapshot]:
+    for key in [k for k in config if not _dask_excluded(k) and k not in snapshot]:
         del config[key]
-    config.update(copy.deepcopy({k: v for k, v in snapshot.items() if k not in DASK_CONFIG_EXCLUDED}))
+    config.update(copy.deepcopy({k: v for k, v in snapshot.items() if not _dask_excluded(k)}))
 
 
 _SYS_PATH_AT_START: list[str] | None = None

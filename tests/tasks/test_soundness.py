@@ -240,6 +240,28 @@ def test_dask_config_keys_set_by_the_client_are_not_part_of_the_settings() -> No
         assert task_settings() != before
 
 
+def test_the_scratch_directory_from_the_environment_is_not_a_setting(tmp_path: Path) -> None:
+    # Batch systems and the benchmark harness give every process its own scratch folder.
+    import subprocess
+    import sys
+
+    code = (
+        "import dask.config\n"
+        "from nbrewind.identity.settings import apply_settings, capture_settings, settings_digests\n"
+        "snapshot = capture_settings(['dask.config'])\n"
+        "dask.config.set({'temporary-directory': '/elsewhere'})\n"
+        "apply_settings(snapshot)\n"
+        "print((settings_digests() or {})['dask.config'], dask.config.get('temporary-directory'))\n"
+    )
+    seen = []
+    for run in ("a", "b"):
+        env = {**os.environ, "DASK_TEMPORARY_DIRECTORY": str(tmp_path / run)}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, timeout=120)
+        seen.append(out.stdout.split())
+    assert seen[0][0] == seen[1][0]  # the same settings in both processes
+    assert seen[0][1] == "/elsewhere"  # and restoring settings leaves the scratch folder alone
+
+
 @pytest.mark.cluster
 def test_making_a_client_again_leaves_the_settings_unchanged() -> None:
     from distributed import Client, LocalCluster
