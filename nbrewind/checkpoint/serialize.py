@@ -19,30 +19,33 @@ Dask clients, futures, event loops or open handles hidden inside containers.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import functools
 import io
 import pickle
 import sys
-import threading
 import types
-import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
 import xxhash
 
+from nbrewind.checkpoint.functions import (
+    _EmptyCell,  # noqa: F401 - named by checkpoints written when it lived here
+    _function_skeleton,  # noqa: F401 - idem
+    _set_function_state,  # noqa: F401 - idem
+    digest_class,
+    reduce_notebook_function,
+    restoring_into,
+)
+from nbrewind.checkpoint.live import LiveResource, live_resource_name, qualified_name
+from nbrewind.checkpoint.loading import OwningUnpickler, is_fresh_bytes_array, is_writable
 from nbrewind.checkpoint.reducers import (
     WEAK_REDUCERS,
     ArrayViews,
     Unrestorable,
     ordered_class_reduce,
-    type_made_keys,
 )
-from nbrewind.identity.code import code_digest, line_digest
 from nbrewind.identity.values import MemoNeeded, array_digest, buffer_digest, is_notebook_code, pickle_digest
 
 __all__ = [
@@ -118,96 +121,6 @@ class Unserializable:
     members: tuple[str, ...] = ()
 
 
-# Types whose instances are handles on something outside the Python heap
-# (an OS resource, a thread, a running cluster).  Most refuse pickling anyway;
-# listing them gives a clear reason, and catches the ones that pickle "fine"
-# (a distributed Future pickles as a key that means nothing in another
-# session).  Matched by "module.qualname" anywhere in the MRO, so nothing has
-# to be imported to check, and subclasses count.
-_LIVE_RESOURCE_TYPES = frozenset(
-    {
-        "_thread.lock",
-        "_thread.RLock",
-        "threading.Thread",
-        "threading.Condition",
-        "threading.Semaphore",
-        "threading.Event",
-        "threading.Barrier",
-        "_io._IOBase",
-        "socket.socket",
-        "select.epoll",
-        "selectors.BaseSelector",
-        "mmap.mmap",
-        "sqlite3.Connection",
-        "sqlite3.Cursor",
-        "sqlite3.Blob",
-        "subprocess.Popen",
-        "tempfile._TemporaryFileWrapper",
-        "logging.Handler",
-        "asyncio.events.AbstractEventLoop",
-        "concurrent.futures._base.Executor",
-        "concurrent.futures._base.Future",
-        "multiprocessing.pool.Pool",
-        "multiprocessing.process.BaseProcess",
-        "multiprocessing.connection.Connection",
-        "builtins.generator",
-        "builtins.coroutine",
-        "builtins.async_generator",
-        "builtins.frame",
-        "builtins.traceback",
-        "builtins.memoryview",
-        "_ctypes._Pointer",
-        "_ctypes.CFuncPtr",
-        "zmq.sugar.socket.Socket",
-        "zmq.sugar.context.Context",
-        "distributed.client.Client",
-        "distributed.client.Future",
-        "distributed.deploy.cluster.Cluster",
-        "distributed.core.Server",
-    }
-)
-
-# In-memory streams derive from the I/O base classes but hold their content.
-_FAITHFUL_TYPES = frozenset({"_io.BytesIO", "_io.StringIO"})
-
-_live_cache: weakref.WeakKeyDictionary[type, str | None] = weakref.WeakKeyDictionary()
-_live_cache_lock = threading.Lock()
-
-
-def _qualified_name(cls: type) -> str:
-    return f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', cls.__name__)}"
-
-
-def _live_resource_name(cls: type) -> str | None:
-    """The deny-listed base of ``cls``, or None; cached per class."""
-    try:
-        return _live_cache[cls]
-    except KeyError:
-        pass
-    except TypeError:  # a class that cannot be weakly referenced
-        return _scan_mro(cls)
-    found = _scan_mro(cls)
-    with _live_cache_lock:
-        _live_cache[cls] = found
-    return found
-
-
-def _scan_mro(cls: type) -> str | None:
-    names = [_qualified_name(base) for base in cls.__mro__]
-    if any(name in _FAITHFUL_TYPES for name in names):
-        return None
-    for name in names:
-        if name in _LIVE_RESOURCE_TYPES:
-            return _qualified_name(cls)
-    return None
-
-
-class _LiveResource(Exception):
-    def __init__(self, type_name: str) -> None:
-        super().__init__(type_name)
-        self.type_name = type_name
-
-
 _BY_REFERENCE = (types.FunctionType, types.BuiltinFunctionType, type)
 
 
@@ -242,130 +155,21 @@ class _Pickler(cloudpickle.Pickler):
             if id(obj) in self._reduced:
                 raise MemoNeeded
             self._reduced[id(obj)] = obj
-        name = _live_resource_name(kind)
+        name = live_resource_name(kind)
         if name is not None:
-            raise _LiveResource(name)
+            raise LiveResource(name)
         if kind is self._views.ndarray:
             return self._views.reduce(obj)
         if kind is types.FunctionType and is_notebook_code(obj):
-            return _reduce_notebook_function(obj, self._for_digest)
+            return reduce_notebook_function(obj, self._for_digest)
         weak = WEAK_REDUCERS.get(kind)
         if weak is not None:
             return weak(obj)
         if isinstance(obj, type):
             if self._for_digest and getattr(obj, "__module__", None) == "__main__":
-                return _digest_class(obj)
+                return digest_class(obj)
             return ordered_class_reduce(obj, super().reducer_override(obj))
         return super().reducer_override(obj)
-
-
-class _EmptyCell:
-    """Marks a closure cell that had no value when the function was pickled."""
-
-
-_target_globals: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
-    "nbrewind_target_globals", default=None
-)
-
-
-@contextlib.contextmanager
-def restoring_into(namespace: dict[str, Any]) -> Iterator[None]:
-    """Notebook functions unpickled inside this block use ``namespace`` as their globals."""
-    token = _target_globals.set(namespace)
-    try:
-        yield
-    finally:
-        _target_globals.reset(token)
-
-
-def _reduce_notebook_function(func: types.FunctionType, for_digest: bool) -> Any:
-    cells = func.__closure__ or ()
-    state = {
-        "name": func.__name__,
-        "qualname": func.__qualname__,
-        "defaults": func.__defaults__,
-        "kwdefaults": func.__kwdefaults__,
-        "doc": func.__doc__,
-        "annotations": func.__annotations__ or None,
-        "dict": func.__dict__ or None,
-        "closure": tuple(_cell_value(cell) for cell in cells),
-    }
-    if for_digest:
-        # The code as nbrewind.identity.code defines it, plus its line layout (a replayed
-        # traceback shows lines); names copied so the memo links them to nothing.
-        state["name"], state["qualname"] = _fresh(func.__name__), _fresh(func.__qualname__)
-        code = func.__code__
-        return (_no_restore, (code_digest(code), line_digest(code), len(cells)), state, None, None, None)
-    return (_function_skeleton, (func.__code__, func.__name__, len(cells)), state, None, None, _set_function_state)
-
-
-def _fresh(name: str) -> str:
-    """A new string object for ``name``, for digest-only reductions.
-
-    The pickle memo links equal-by-identity strings, and whether a function's
-    name is the very object of a class-dict key or a code object's name depends
-    on interning (a restored class differs from a freshly defined one).  A
-    fresh object is linked to nothing, so the digest does not depend on that.
-    """
-    return "@" + name
-
-
-def _cell_value(cell: types.CellType) -> Any:
-    try:
-        return cell.cell_contents
-    except ValueError:
-        return _EmptyCell
-
-
-def _function_skeleton(code: types.CodeType, name: str, ncells: int) -> types.FunctionType:
-    target = _target_globals.get()
-    if target is None:
-        import builtins
-
-        target = {"__name__": "__main__", "__builtins__": builtins}
-    closure = tuple(types.CellType() for _ in range(ncells)) if ncells else None
-    return types.FunctionType(code, target, name, None, closure)
-
-
-def _set_function_state(func: types.FunctionType, state: dict[str, Any]) -> types.FunctionType:
-    func.__qualname__ = state["qualname"]
-    func.__defaults__ = state["defaults"]
-    func.__kwdefaults__ = state["kwdefaults"]
-    func.__doc__ = state["doc"]
-    func.__module__ = "__main__"
-    if state["annotations"]:
-        func.__annotations__ = state["annotations"]
-    if state["dict"]:
-        func.__dict__.update(state["dict"])
-    for cell, value in zip(func.__closure__ or (), state["closure"]):
-        if value is not _EmptyCell:
-            cell.cell_contents = value
-    return func
-
-
-# Class entries left out of a class's digest, besides the descriptors the type
-# makes (``__slots__`` describes those): caches that pickling or isinstance
-# checks add (copyreg's __slotnames__).
-_CLASS_DIGEST_SKIP = frozenset(
-    {"__dict__", "__weakref__", "__module__", "__slotnames__", "_abc_impl", "_abc_cache", "_abc_negative_cache"}
-)
-
-
-def _digest_class(cls: type) -> Any:
-    """A deterministic stand-in for a notebook class, used only for digests.
-
-    Members are listed in definition order, which a restore reproduces, so a
-    class whose attributes were reordered looks changed.  Names are copied
-    out of the interned originals, as cloudpickle does, so the pickle memo
-    links them to nothing else and the stream does not depend on interning.
-    """
-    made = type_made_keys(cls)  # a slot descriptor would pickle as a lookup on cls: a loop
-    members = [(_fresh(k), v) for k, v in vars(cls).items() if k not in _CLASS_DIGEST_SKIP and k not in made]
-    return (_no_restore, (_fresh(cls.__qualname__), cls.__bases__, members))
-
-
-def _no_restore(*args: Any) -> None:
-    raise TypeError("a digest-only reduction cannot be unpickled")
 
 
 class _BufferCollector:
@@ -419,7 +223,7 @@ def _dump_once(obj: object, threshold: int, views: ArrayViews) -> Pickled:
 
 
 def _type_name(obj: object) -> str:
-    return _qualified_name(type(obj))
+    return qualified_name(type(obj))
 
 
 def _module_record(obj: object) -> Unserializable | None:
@@ -442,7 +246,7 @@ def _try_dump(obj: object, threshold: int) -> Pickled | Unserializable:
 
 def _refusal(obj: object, exc: Exception) -> Unserializable:
     """Why pickling ``obj`` raised ``exc``, as the record that says it cannot be stored."""
-    if isinstance(exc, _LiveResource):
+    if isinstance(exc, LiveResource):
         return Unserializable(
             _type_name(obj), f"holds a live resource ({exc.type_name}) that bytes cannot restore"
         )
@@ -475,76 +279,9 @@ def unpickle_value(
     any other buffer is copied into the array.  Only unpickle bytes whose
     digest was verified and whose origin is trusted.
     """
-    writable = [buf if _is_writable(buf) else bytearray(buf) for buf in buffers]
-    adoptable = {id(buf) for buf in writable if adopt and _is_fresh_bytes_array(buf)}
-    return _OwningUnpickler(io.BytesIO(payload), adoptable, buffers=writable).load()
-
-
-_NUMPY_FROMBUFFER = {("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer")}
-
-
-class _OwningUnpickler(pickle.Unpickler):
-    """Rebuilds out-of-band numpy arrays owning their memory, as they did live.
-
-    numpy's own rebuild makes an array a view of the load buffer, so ``a.base``
-    is that buffer, ``a.resize`` refuses, and a view sliced after the restore
-    has the buffer as its base instead of ``a``.
-    """
-
-    def __init__(self, file: io.BytesIO, adoptable: set[int], **kwargs: Any) -> None:
-        super().__init__(file, **kwargs)
-        self._adoptable = adoptable
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _NUMPY_FROMBUFFER:
-            return functools.partial(_owning_frombuffer, self._adoptable)
-        return super().find_class(module, name)
-
-
-def _is_fresh_bytes_array(buf: object) -> bool:
-    numpy = sys.modules.get("numpy")
-    return (
-        numpy is not None
-        and type(buf) is numpy.ndarray
-        and buf.dtype == numpy.uint8  # type: ignore[attr-defined]
-        and buf.ndim == 1  # type: ignore[attr-defined]
-        and buf.flags.owndata  # type: ignore[attr-defined]
-    )
-
-
-def _owning_frombuffer(
-    adoptable: set[int], buf: Any, dtype: Any, shape: Any, order: str, axis_order: Any = None
-) -> Any:
-    import numpy
-
-    if id(buf) in adoptable and (order == "C" or len(shape) <= 1):
-        adoptable.discard(id(buf))  # a buffer becomes one array only
-        try:
-            buf.dtype = dtype  # in place: the array keeps owning the memory it was read into
-            buf.shape = shape
-            return buf
-        except (TypeError, ValueError):  # a dtype numpy will not set in place (zero itemsize)
-            buf = buf.view(numpy.uint8).reshape(-1)
-    flat: Any = numpy.frombuffer(buf, dtype=dtype)
-    if order == "K" and axis_order is not None:
-        view = flat.reshape(shape, order="C").transpose(axis_order)
-    else:
-        view = flat.reshape(shape, order=order)
-    owned = view.copy(order="K")
-    if not view.flags.writeable:
-        owned.flags.writeable = False
-    return owned
-
-
-def _is_writable(buf: object) -> bool:
-    if isinstance(buf, bytearray):
-        return True
-    if isinstance(buf, bytes):
-        return False
-    try:
-        return not memoryview(buf).readonly  # type: ignore[arg-type]
-    except TypeError:
-        return False
+    writable = [buf if is_writable(buf) else bytearray(buf) for buf in buffers]
+    adoptable = {id(buf) for buf in writable if adopt and is_fresh_bytes_array(buf)}
+    return OwningUnpickler(io.BytesIO(payload), adoptable, buffers=writable).load()
 
 
 def pickle_group(mapping: Mapping[str, object]) -> Pickled | Unserializable:
