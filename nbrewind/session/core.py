@@ -12,7 +12,6 @@ a plain kernel.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sys
 import time
@@ -29,9 +28,9 @@ from nbrewind.checkpoint.draws import DrawWatch
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.outputs import OutputCapture, decode_outputs, encode_outputs, for_replay
 from nbrewind.checkpoint.serialize import Unserializable, digest_value
-from nbrewind.checkpoint.values import StagedGroup, stage_group, stage_json
+from nbrewind.checkpoint.values import stage_group, stage_json
 from nbrewind.checkpoint.world import WorldTracker
-from nbrewind.errors import NbrewindError, ObjectNotFoundError
+from nbrewind.errors import NbrewindError
 from nbrewind.session import outside, policy, purity
 from nbrewind.session.plan import (
     ABSENT,
@@ -40,10 +39,10 @@ from nbrewind.session.plan import (
     FunctionView,
     LastCell,
     env_key,
-    is_function_entry,
     reply_record,
     run_status,
 )
+from nbrewind.session.commit import Committer
 from nbrewind.session.restore import RestoreMixin
 from nbrewind.session.state import HIDDEN, UNSERIALIZABLE, Entry, LiveState
 from nbrewind.session.writer import BackgroundWriter
@@ -89,11 +88,10 @@ class Session(RestoreMixin):
         self._files: hidden.FileTracker | None = None
         self._world: WorldTracker | None = None
         self._outside: outside.Outside | None = None
-        self._checkpoint_id: int | None = None
         self.last: LastCell | None = None
         self._pending_rng: dict[str, Entry] = {}
         self.writer = BackgroundWriter()
-        self._lost: set[str] = set()
+        self.committer = Committer(self.writer)
         self._task_cache: TaskCache | None = None
         self._interception = contextlib.ExitStack()
         ns = shell.user_ns
@@ -183,8 +181,7 @@ class Session(RestoreMixin):
         """Analyse the request and decide: replay it, or run and record it."""
         if silent or not store_history or not self._ready():
             return CellPlan(record=False)
-        for name in list(self._lost):
-            self._lost.discard(name)
+        for name in self.committer.take_lost():
             self.state.entries.pop(name, None)
             self.state.forget(name)
         for failure in self.writer.take_failures():
@@ -566,45 +563,9 @@ class Session(RestoreMixin):
         return tree.digest
 
     def _submit(self, run: dict[str, Any], staged: list[Any], nbytes: int, tasks: list[Any] | None = None) -> None:
-        """Queue the cell run's record: its objects are written first, then the catalog rows.
-
-        Everything a catalog row points at is durable before the row exists, so a
-        crash at any moment leaves no row that trusts an unwritten object. The
-        checkpoint (the full name -> entry map) is captured now.
-        """
+        """Queue the cell run's record with the checkpoint as it is now (the full name -> entry map)."""
         entries = {k: (v.digest, v.to_meta()) for k, v in self.state.entries.items()}
-        last = self.last
-        self.writer.submit(functools.partial(self._commit, run, entries, staged, tasks or [], last), nbytes)
-
-    def _commit(
-        self, run: dict[str, Any], entries: dict[str, Any], staged: list[Any], tasks: list[Any], last: LastCell | None
-    ) -> None:
-        """Writer job: write the staged objects, then the cell run, its checkpoint and its tasks."""
-        objects = self.store.objects
-        try:
-            for item in staged:
-                if isinstance(item, StagedGroup):
-                    item.commit(objects)
-                else:
-                    objects.commit(item)
-        finally:
-            # Names whose objects are not on disk (this write failed, or an earlier one
-            # this checkpoint builds on) must be stored again by the next cell.
-            lost = {n for n, (digest, _) in entries.items() if digest != ABSENT and not objects.has(digest)}
-            self._lost |= lost
-        if lost:
-            raise ObjectNotFoundError(f"objects of {', '.join(sorted(lost))} were not written")
-        catalog = self.store.catalog
-        with catalog.transaction():
-            run_id = catalog.add_cell_run(**run)
-            self._checkpoint_id = catalog.add_checkpoint(run_id, self._checkpoint_id, entries)
-            catalog.update_cell_run(run_id, checkpoint_id=self._checkpoint_id)
-            if tasks and self._task_cache is not None:
-                hits, misses = self._task_cache.stats(tasks)
-                catalog.log_tasks([{**row, "cell_run_id": run_id} for row in tasks])
-                catalog.update_cell_run(run_id, task_hits=hits, task_misses=misses)
-        if last is not None:
-            last.cell_run_id = run_id
+        self.committer.submit(self.store, self._task_cache, run, entries, staged, nbytes, tasks or [])
 
     def _count(self, reply: Mapping[str, Any]) -> int:
         count = reply.get("execution_count")

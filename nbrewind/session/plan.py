@@ -59,7 +59,6 @@ class LastCell:
     seconds: float = 0.0
     bytes_written: int = 0
     checkpoint_seconds: float = 0.0
-    cell_run_id: int | None = None
 
 
 class FunctionView(Mapping[str, Any]):

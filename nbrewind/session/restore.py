@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ from nbrewind.session import policy
 from nbrewind.session.state import HIDDEN, MODULE, UNSERIALIZABLE, VALUE, Entry, LiveState
 
 if TYPE_CHECKING:
+    from nbrewind.session.commit import Committer
     from nbrewind.session.outside import Outside
     from nbrewind.session.writer import BackgroundWriter
     from nbrewind.store import Store
@@ -31,7 +31,7 @@ class RestoreMixin:
         session_id: str
         writer: BackgroundWriter
         _pending_rng: dict[str, Entry]
-        _checkpoint_id: int | None
+        committer: Committer
 
         @property
         def namespace(self) -> dict[str, Any]: ...
@@ -241,7 +241,7 @@ class RestoreMixin:
         current = self._user_names()
         gone = [n for n in current if n not in entries]
         self._apply(entries, [n for n in entries if entries[n].kind != UNSERIALIZABLE], gone)
-        self._checkpoint_id = chosen.checkpoint_id
+        self.committer.rebase(chosen.checkpoint_id)
         missing = sorted(n for n, e in entries.items() if e.kind == UNSERIALIZABLE)
         note = f"; not restorable: {', '.join(missing)}" if missing else ""
         return f"restored the state after cell run #{chosen.id} (In [{chosen.execution_count}]): {len(entries)} names{note}"

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from nbrewind.checkpoint.namespace import LazyNamespace
+from nbrewind.store import Store
 
 
 def decisions(outcomes: list) -> list[str]:
@@ -146,6 +147,21 @@ def test_restore_goes_back_to_any_recorded_cell(runner: Runner) -> None:
     runner.new_kernel("repeat")
     runner.session.restore("1")
     assert runner.ns["x"] == 1 and "y" not in runner.ns
+
+
+def test_the_checkpoint_after_a_restore_continues_from_the_restored_one(runner: Runner) -> None:
+    runner.run(["x = 1", "x = 2", "x = 3"])
+    assert runner.session is not None
+    runner.session.restore("1")
+    runner.cell("w = x + 10")
+    runner.flush()
+    with Store.open(runner.store) as store:
+        runs = store.catalog.cell_runs()
+        first, last = runs[0], runs[-1]
+        assert first.checkpoint_id is not None and last.checkpoint_id is not None
+        parent = store.catalog.get_checkpoint(last.checkpoint_id).parent_id
+    assert parent == first.checkpoint_id  # not the checkpoint of "x = 3", written before
+    assert runner.ns["w"] == 11
 
 
 def test_unstorable_values_are_rebuilt_from_their_cell_only_when_used(runner: Runner) -> None:

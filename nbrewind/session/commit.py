@@ -1,0 +1,101 @@
+"""Committing a cell run: its objects first, then its catalog rows, on the background writer.
+
+Everything a catalog row points at is durable before the row exists, so a crash at
+any moment leaves no row that trusts an unwritten object. The writer thread owns
+the checkpoint chain (each checkpoint names its parent) and reports back which
+names' objects did not reach the disk; the main thread takes that at the start
+of the next cell (`take_lost`), so no state of the session is changed from the
+writer thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+from nbrewind.checkpoint.values import StagedGroup
+from nbrewind.errors import ObjectNotFoundError
+from nbrewind.session.plan import ABSENT
+from nbrewind.session.writer import BackgroundWriter
+from nbrewind.store import Store
+from nbrewind.tasks.cache import TaskCache
+
+__all__ = ["Committer"]
+
+
+class Committer:
+    """Queues cell runs on a `BackgroundWriter` and keeps the checkpoint chain."""
+
+    def __init__(self, writer: BackgroundWriter) -> None:
+        self.writer = writer
+        self._lock = threading.Lock()
+        self._parent: int | None = None
+        self._lost: set[str] = set()
+
+    def submit(
+        self,
+        store: Store,
+        task_cache: TaskCache | None,
+        run: dict[str, Any],
+        entries: dict[str, Any],
+        staged: list[Any],
+        nbytes: int,
+        tasks: list[Any],
+    ) -> None:
+        """Queue one cell run: ``entries`` (name -> (digest, meta)) is its full checkpoint."""
+        job = functools.partial(self._commit, store, task_cache, run, entries, staged, tasks)
+        self.writer.submit(job, nbytes)
+
+    def rebase(self, checkpoint_id: int | None) -> None:
+        """Make ``checkpoint_id`` the parent of the next checkpoint (after `%nbrewind restore`)."""
+        self.writer.flush()  # a queued commit must not chain onto the state being left
+        with self._lock:
+            self._parent = checkpoint_id
+
+    def take_lost(self) -> set[str]:
+        """Names whose objects the writer could not store since the last call: the next
+        checkpoint must store them again (main thread)."""
+        with self._lock:
+            lost, self._lost = self._lost, set()
+        return lost
+
+    def _commit(
+        self,
+        store: Store,
+        task_cache: TaskCache | None,
+        run: dict[str, Any],
+        entries: dict[str, Any],
+        staged: list[Any],
+        tasks: list[Any],
+    ) -> None:
+        objects = store.objects
+        lost: set[str] = set()
+        try:
+            for item in staged:
+                if isinstance(item, StagedGroup):
+                    item.commit(objects)
+                else:
+                    objects.commit(item)
+        finally:
+            # Names whose objects are not on disk (this write failed, or an earlier one
+            # this checkpoint builds on) must be stored again by the next cell.
+            lost = {n for n, (digest, _) in entries.items() if digest != ABSENT and not objects.has(digest)}
+            if lost:
+                with self._lock:
+                    self._lost |= lost
+        if lost:
+            raise ObjectNotFoundError(f"objects of {', '.join(sorted(lost))} were not written")
+        catalog = store.catalog
+        with self._lock:
+            parent = self._parent
+        with catalog.transaction():
+            run_id = catalog.add_cell_run(**run)
+            checkpoint_id = catalog.add_checkpoint(run_id, parent, entries)
+            catalog.update_cell_run(run_id, checkpoint_id=checkpoint_id)
+            if tasks and task_cache is not None:
+                hits, misses = task_cache.stats(tasks)
+                catalog.log_tasks([{**row, "cell_run_id": run_id} for row in tasks])
+                catalog.update_cell_run(run_id, task_hits=hits, task_misses=misses)
+        with self._lock:
+            self._parent = checkpoint_id
