@@ -43,11 +43,11 @@ from nbrewind.session.plan import (
     run_status,
 )
 from nbrewind.session.commit import Committer
+from nbrewind.session.matching import Match, find_match
 from nbrewind.session.restore import RestoreMixin
-from nbrewind.session.state import HIDDEN, UNSERIALIZABLE, Entry, LiveState
+from nbrewind.session.state import HIDDEN, Entry, LiveState
 from nbrewind.session.writer import BackgroundWriter
 from nbrewind.store import Store, resolve_store_path
-from nbrewind.store.catalog import CellRun
 from nbrewind.store.digest import digest_bytes
 from nbrewind.store.origin import check_store_origin
 from nbrewind.tasks.cache import TaskCache
@@ -282,53 +282,20 @@ class Session(RestoreMixin):
         return ABSENT
 
     def _find_match(self, plan: CellPlan) -> None:
-        assert plan.effects is not None
-        if plan.reads & policy.HISTORY_READS:
-            plan.reason = "reads IPython output history (_, Out, In)"
-            return
-        if plan.effects.syntax_error:
-            plan.reason = "syntax error"
-            return
-        unstorable = sorted(n for n in plan.reads if (e := self.state.entries.get(n)) is not None and e.kind == UNSERIALIZABLE)
-        if unstorable:
-            plan.reason = f"reads {', '.join(unstorable)}, whose state cannot be stored or compared"
-            return
-        if "get_ipython" in plan.effects.reads:
-            plan.reason = "uses magics or get_ipython(), whose effects on the kernel a replay cannot restore"
-            return
-        runs = self.store.catalog.find_cell_runs(plan.code_digest)
-        if not runs:
-            plan.reason = "no record of this code" if not self._had_cell(plan) else "code changed"
-            return
-        first_mismatch = ""
-        for run in runs:
-            if run.status not in ("ok", "error") or run.checkpoint_id is None:
-                continue
-            if run.status == "error" and run.code != plan.code:
-                # Its traceback shows the recorded source lines; the edited cell must show its own.
-                first_mismatch = first_mismatch or "the recorded run raised and its traceback shows the old source"
-                continue
-            mismatch = self._mismatch(run)
-            if mismatch is None:
-                plan.replay = True
-                plan.match = run
-                plan.reason = f"code and {len(run.inputs or {})} inputs match cell run #{run.id}"
-                return
-            first_mismatch = first_mismatch or mismatch
-        plan.reason = first_mismatch or "no usable record"
+        result = find_match(
+            plan,
+            self.state.entries,
+            lambda: self.store.catalog.find_cell_runs(plan.code_digest),
+            lambda: plan.cell_id is not None and self.store.catalog.has_cell_id(plan.cell_id),
+            self._current_key,
+        )
+        plan.reason = result.reason
+        if isinstance(result, Match):
+            plan.replay, plan.match = True, result.run
 
-    def _had_cell(self, plan: CellPlan) -> bool:
-        return plan.cell_id is not None and self.store.catalog.has_cell_id(plan.cell_id)
-
-    def _mismatch(self, run: CellRun) -> str | None:
-        for name, recorded in (run.inputs or {}).items():
-            current = self._hidden_key(name) if name.startswith("@") else self._key(name)
-            if current != recorded:
-                if name == outside.IMPURE:
-                    return f"the recorded run {recorded}, which a replay cannot do"
-                what = name[1:] if name.startswith("@") else name
-                return f"input {what} changed"
-        return None
+    def _current_key(self, name: str) -> str:
+        """The key an input of a recorded run has now: a name's, or a pseudo-input's."""
+        return self._hidden_key(name) if name.startswith("@") else self._key(name)
 
     def _start_run(self, plan: CellPlan) -> None:
         self._apply_pending_rng()

@@ -1,0 +1,88 @@
+"""Deciding whether a cell can be replayed: a recorded run whose code and every input match.
+
+`find_match` is a pure question over what the session knows now: the cell's plan
+(its code digest and the names it reads), the recorded runs of the same code,
+and a function giving the current key of any input. It answers a `Match` (the
+run to replay, and why) or a `Miss` (the reason the cell must run), so the
+kernel's decision and a frontend's "what would happen" query share one answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from nbrewind.session import outside, policy
+from nbrewind.session.plan import CellPlan
+from nbrewind.session.state import UNSERIALIZABLE, Entry
+from nbrewind.store.catalog import CellRun
+
+__all__ = ["Match", "Miss", "find_match", "first_changed_input"]
+
+
+@dataclass(frozen=True)
+class Match:
+    """Replay ``run``."""
+
+    run: CellRun
+    reason: str
+
+
+@dataclass(frozen=True)
+class Miss:
+    """Run the cell, because of ``reason``."""
+
+    reason: str
+
+
+def find_match(
+    plan: CellPlan,
+    entries: Mapping[str, Entry],
+    recorded_runs: Callable[[], Iterable[CellRun]],
+    had_cell: Callable[[], bool],
+    current_key: Callable[[str], str],
+) -> Match | Miss:
+    """The run of ``plan``'s code to replay, or why there is none.
+
+    ``recorded_runs()`` lists the recorded runs of the same code, newest last;
+    ``had_cell()`` says whether this cell id was ever recorded (so a new digest
+    reads "code changed"); ``current_key(name)`` is an input's key now.
+    """
+    effects = plan.effects
+    assert effects is not None
+    if plan.reads & policy.HISTORY_READS:
+        return Miss("reads IPython output history (_, Out, In)")
+    if effects.syntax_error:
+        return Miss("syntax error")
+    unstorable = sorted(n for n in plan.reads if (e := entries.get(n)) is not None and e.kind == UNSERIALIZABLE)
+    if unstorable:
+        return Miss(f"reads {', '.join(unstorable)}, whose state cannot be stored or compared")
+    if "get_ipython" in effects.reads:
+        return Miss("uses magics or get_ipython(), whose effects on the kernel a replay cannot restore")
+    runs = list(recorded_runs())
+    if not runs:
+        return Miss("code changed" if had_cell() else "no record of this code")
+    first_mismatch = ""
+    for run in runs:
+        if run.status not in ("ok", "error") or run.checkpoint_id is None:
+            continue
+        if run.status == "error" and run.code != plan.code:
+            # Its traceback shows the recorded source lines; the edited cell must show its own.
+            first_mismatch = first_mismatch or "the recorded run raised and its traceback shows the old source"
+            continue
+        mismatch = first_changed_input(run, current_key)
+        if mismatch is None:
+            return Match(run, f"code and {len(run.inputs or {})} inputs match cell run #{run.id}")
+        first_mismatch = first_mismatch or mismatch
+    return Miss(first_mismatch or "no usable record")
+
+
+def first_changed_input(run: CellRun, current_key: Callable[[str], str]) -> str | None:
+    """Why ``run`` cannot be replayed now (its first input whose key changed), or None."""
+    for name, recorded in (run.inputs or {}).items():
+        if current_key(name) != recorded:
+            if name == outside.IMPURE:
+                return f"the recorded run {recorded}, which a replay cannot do"
+            what = name[1:] if name.startswith("@") else name
+            return f"input {what} changed"
+    return None
