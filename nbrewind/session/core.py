@@ -110,11 +110,14 @@ class Session(RestoreMixin):
         return self.capture.observing(session)
 
     def store_location(self) -> Path:
+        """Where this kernel's store is: see `resolve_store_path`. The notebook path comes from
+        Jupyter's ``JPY_SESSION_NAME``, IPython's ``__session__`` or, under VS Code, the
+        ``__vsc_ipynb_file__`` it sets in the namespace before the first cell."""
         if self._store_path is not None:
             return self._store_path
-        notebook = os.environ.get("JPY_SESSION_NAME") or self.namespace.get("__session__") or None
-        if notebook and not str(notebook).endswith(".ipynb"):
-            notebook = None
+        ns = self.namespace
+        candidates = (os.environ.get("JPY_SESSION_NAME"), dict.get(ns, "__session__"), dict.get(ns, "__vsc_ipynb_file__"))
+        notebook = next((str(c) for c in candidates if c and str(c).endswith(".ipynb")), None)
         return resolve_store_path(notebook_path=notebook, cwd=self.start_dir)
 
     @property

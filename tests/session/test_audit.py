@@ -358,3 +358,22 @@ def test_a_read_only_use_of_a_big_array_is_not_re_digested(runner: Runner) -> No
     assert "a" not in seen and "total" in seen
     runner.run(["a.sort()"], fresh=False)
     assert "a" in seen
+
+
+def test_the_store_lands_beside_the_notebook_vs_code_names(runner: Runner, monkeypatch: pytest.MonkeyPatch) -> None:
+    # VS Code's Jupyter extension sets __vsc_ipynb_file__ in the namespace; it sets neither
+    # JPY_SESSION_NAME nor __session__.
+    from nbrewind.session import Session
+
+    monkeypatch.delenv("NBREWIND_STORE", raising=False)
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    runner.new_kernel("audit")
+    assert runner.session is not None
+    shell = runner.session.shell
+    notebook = runner.workdir / "analysis.ipynb"
+    shell.user_ns["__vsc_ipynb_file__"] = str(notebook)
+    session = Session(shell, mode="audit", emit=lambda *args: None)
+    try:
+        assert session.store_location() == notebook.with_name("analysis.ipynb.nbrewind")
+    finally:
+        session.close()
