@@ -25,8 +25,7 @@ import re
 import sys
 import types
 import weakref
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from enum import Enum
 
 # Top-level packages whose objects are leaves: indexed by their own identity,
@@ -88,31 +87,6 @@ class _Kind(Enum):
 
 def _is_notebook(obj: object) -> bool:
     return getattr(obj, "__module__", None) == "__main__"
-
-
-@dataclass(frozen=True)
-class AliasIndex:
-    """Co-variable groups of a namespace, and the reverse index id() -> names.
-
-    `groups` partition the indexed names; `names_by_id` maps the id() of every
-    indexed object to the group of names that reach it. `truncated` says a walk
-    stopped at its bounds, so some sharing may be missed.
-    """
-
-    groups: tuple[frozenset[str], ...]
-    names_by_id: Mapping[int, frozenset[str]]
-    truncated: bool = False
-
-    def group_of(self, name: str) -> frozenset[str]:
-        """The group holding `name` (just `{name}` for a name not indexed)."""
-        for group in self.groups:
-            if name in group:
-                return group
-        return frozenset({name})
-
-    def names_sharing(self, obj: object) -> frozenset[str]:
-        """Names whose values reach `obj` (empty if none, or `obj` is not indexed)."""
-        return self.names_by_id.get(id(obj), frozenset())
 
 
 class _Walker:
@@ -313,70 +287,3 @@ def reachable_ids(obj: object, *, max_objects: int = 100_000, max_depth: int = 6
 
     _Walker(max_objects, max_depth).walk(obj, visit)
     return found
-
-
-def index_aliases(
-    namespace: Mapping[str, object],
-    names: Iterable[str],
-    *,
-    max_objects: int = 100_000,
-    max_depth: int = 64,
-) -> AliasIndex:
-    """Group `names` whose values share any indexed object, and index ids to groups.
-
-    Each object is walked once: a name that reaches an object already reached
-    from another name joins that name's group instead of walking it again.
-    Names absent from the namespace form groups of their own.
-    """
-    walker = _Walker(max_objects, max_depth)
-    owner: dict[int, str] = {}
-    parent: dict[str, str] = {}
-
-    def find(name: str) -> str:
-        root = name
-        while parent[root] != root:
-            root = parent[root]
-        while parent[name] != root:
-            parent[name], name = root, parent[name]
-        return root
-
-    for name in names:
-        parent.setdefault(name, name)
-        if name not in namespace:
-            continue
-
-        def visit(key: int, name: str = name) -> bool:
-            first = owner.get(key)
-            if first is None:
-                owner[key] = name
-                return True
-            a, b = find(first), find(name)
-            if a != b:
-                parent[max(a, b)] = min(a, b)
-            return False
-
-        walker.walk(namespace[name], visit)
-
-    members: dict[str, set[str]] = {}
-    for name in parent:
-        members.setdefault(find(name), set()).add(name)
-    frozen = {root: frozenset(group) for root, group in members.items()}
-    groups = tuple(sorted(frozen.values(), key=min))
-    names_by_id = {key: frozen[find(first)] for key, first in owner.items()}
-    return AliasIndex(groups, names_by_id, walker.truncated)
-
-
-def covariable_groups(
-    namespace: Mapping[str, object],
-    names: Iterable[str],
-    *,
-    max_objects: int = 100_000,
-    max_depth: int = 64,
-) -> list[frozenset[str]]:
-    """Partition `names` into co-variable groups: names whose values share an object.
-
-    `b = a` gives {a, b}; `d = {"x": lst}` with `lst` gives {d, lst}; `np` and
-    an array made with it stay apart. Groups are sorted by their smallest name.
-    """
-    index = index_aliases(namespace, names, max_objects=max_objects, max_depth=max_depth)
-    return list(index.groups)
