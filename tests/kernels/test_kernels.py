@@ -92,22 +92,50 @@ def test_stop_on_error_behaves_the_same_on_replay(tmp_path: Path) -> None:
     assert rows[1].status == "error"
 
 
-def _execute(kc: Any, code: str, timeout: float = 60) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    msg_id = kc.execute(code)
-    reply = kc.get_shell_msg(timeout=timeout)
-    assert reply["parent_header"]["msg_id"] == msg_id
-    outputs = []
+#: Seconds to wait for a kernel's reply or its idle status. Generous: on a loaded
+#: 2-core machine a cell that records a checkpoint can take many seconds.
+REPLY_TIMEOUT = 120.0
+
+
+def _shell_reply(kc: Any, msg_id: str, timeout: float = REPLY_TIMEOUT) -> dict[str, Any]:
+    """The shell reply to `msg_id`; replies to other requests (a startup kernel_info_reply) are skipped."""
+    deadline = time.monotonic() + timeout
     while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"no shell reply to {msg_id} within {timeout} s")
         try:
-            msg = kc.get_iopub_msg(timeout=5)
+            reply: dict[str, Any] = kc.get_shell_msg(timeout=remaining)
         except queue.Empty:
-            break
+            continue
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply
+
+
+def _iopub_until_idle(kc: Any, msg_id: str, timeout: float = REPLY_TIMEOUT) -> list[dict[str, Any]]:
+    """The IOPub messages `msg_id` caused, up to the kernel's idle status for it (others are skipped)."""
+    deadline = time.monotonic() + timeout
+    outputs: list[dict[str, Any]] = []
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"no idle status for {msg_id} within {timeout} s")
+        try:
+            msg: dict[str, Any] = kc.get_iopub_msg(timeout=remaining)
+        except queue.Empty:
+            continue
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
+            return outputs
         outputs.append(msg)
-    return reply, outputs
+
+
+def _execute(kc: Any, code: str, timeout: float = REPLY_TIMEOUT) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run `code`; return its shell reply and every IOPub message it caused before going idle."""
+    msg_id = kc.execute(code)
+    reply = _shell_reply(kc, msg_id, timeout)
+    return reply, _iopub_until_idle(kc, msg_id, timeout)
 
 
 def test_store_lands_beside_the_notebook_from_the_session_path_and_magics_render(tmp_path: Path) -> None:
@@ -141,8 +169,7 @@ def test_interrupting_a_long_cell_keeps_the_store_consistent(tmp_path: Path) -> 
         msg_id = kc.execute("import time\nwhile True:\n    time.sleep(0.05)", stop_on_error=False)
         time.sleep(1.0)
         km.interrupt_kernel()
-        reply = kc.get_shell_msg(timeout=30)
-        assert reply["parent_header"]["msg_id"] == msg_id
+        reply = _shell_reply(kc, msg_id)
         assert reply["content"]["ename"] == "KeyboardInterrupt"
         reply, _ = _execute(kc, "b = a[:10].sum()")
         assert reply["content"]["status"] == "ok"
@@ -229,8 +256,7 @@ def test_replayed_names_complete_before_they_are_loaded(tmp_path: Path) -> None:
         text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
         assert "not loaded yet: 2" in text
         msg_id = kc.complete("a_long_ar", 9)
-        reply = kc.get_shell_msg(timeout=30)
-        assert reply["parent_header"]["msg_id"] == msg_id
+        reply = _shell_reply(kc, msg_id)
         assert "a_long_array_name" in reply["content"]["matches"]
         reply, outputs = _execute(kc, "print(a_long_array_name.sum())")
         assert "45" in "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
