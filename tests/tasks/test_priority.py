@@ -5,6 +5,13 @@ Cluster tests use a real ``LocalCluster`` with one worker and one thread.
 the scheduler, the worker state machine and the batched streams between them
 are the same objects and messages as with worker processes (only the transport
 is in-memory).
+
+They assert orders, not durations, so that they hold on a loaded machine: the
+tasks record the order they finish in, and where a bump must be in effect
+before anything runs, they wait at a :class:`Gate` that the test opens once the
+scheduler (and the worker, if it holds the task) shows the bump. With one
+thread that order is the order the worker chose, so a bump that did nothing
+leaves the requested task at its submission position (150 of 200).
 """
 
 from __future__ import annotations
@@ -12,8 +19,10 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -23,6 +32,8 @@ distributed = pytest.importorskip("distributed")
 
 from distributed import Client, Future, LocalCluster  # noqa: E402
 from distributed.collections import HeapSet  # noqa: E402
+
+np = pytest.importorskip("numpy")
 
 from nbrewind.tasks import priority  # noqa: E402
 from nbrewind.tasks.priority import (  # noqa: E402
@@ -34,18 +45,20 @@ from nbrewind.tasks.priority import (  # noqa: E402
     strip_bump,
 )
 
-#: Duration of one task (D).
+#: Duration of one task (D) where tasks must take time (noise next to a chain).
 D = 0.02
 N_TASKS = 200
 TARGET = 150
-#: Fixed cost on top of the tasks ahead: the scheduler ingesting the 200-task
-#: graph, the bump request, compute-task and task-finished messages and the
-#: result fetch. Measured as (latency of task #0) - D: 15-20 ms on a quiet
-#: machine, and the 3-task-duration figure is measured by
-#: benchmarks/bench_priority.py. Under a loaded CI machine the same path took up
-#: to 0.27 s, so the tests allow 0.4 s: still over 6x below the unbumped wait of
-#: ~150 D = 3 s that test_without_a_bump_the_request_waits_its_turn asserts.
-SLACK = 0.4
+#: A bumped request finishes at most this many places into the completion order:
+#: the task the worker is running when the bump lands, the one more task the
+#: scheduler may already have sent it (worker-saturation 1.1 on one thread), then
+#: the request. Without a bump it finishes at place TARGET.
+FIRST_PLACES = 3
+#: Seconds a gated task waits for its gate before failing (only reached if a test
+#: hangs: the cluster's teardown opens the gate).
+GATE_TIMEOUT = 120.0
+#: Seconds to wait for a bump to show on the scheduler or the worker.
+BUMP_TIMEOUT = 60.0
 DEFAULT_SATURATION = 1.1
 SATURATIONS = [
     pytest.param(DEFAULT_SATURATION, id="queued-on-scheduler"),
@@ -53,11 +66,65 @@ SATURATIONS = [
 ]
 
 
-def started_at(i: int) -> float:
-    """Sleep one task duration; return when the task started (clock shared in-process)."""
-    start = time.perf_counter()
+class Gate:
+    """Holds gated tasks at their start until opened; records the order tasks finish in.
+
+    The cluster runs in this process (``processes=False``), so the tasks on the
+    worker's thread and the test share this object.
+    """
+
+    def __init__(self) -> None:
+        self.opened = threading.Event()
+        self.entered = threading.Event()
+        self._lock = threading.Lock()
+        self._finished: list[Hashable] = []
+
+    def open(self) -> None:
+        self.opened.set()
+
+    def wait_entered(self) -> None:
+        """Wait until a gated task is running (so its whole graph is on the scheduler)."""
+        if not self.entered.wait(GATE_TIMEOUT):
+            raise AssertionError("no gated task started")
+
+    def finished(self, label: Hashable) -> None:
+        with self._lock:
+            self._finished.append(label)
+
+    def order(self) -> list[Hashable]:
+        """Labels in the order their tasks finished."""
+        with self._lock:
+            return list(self._finished)
+
+    def place(self, label: Hashable) -> int:
+        """Where `label`'s task finished (0 = first)."""
+        return self.order().index(label)
+
+
+GATE = Gate()
+
+
+def gated(i: int) -> int:
+    """Wait for the gate, then record finishing as `i`."""
+    GATE.entered.set()
+    if not GATE.opened.wait(GATE_TIMEOUT):
+        raise TimeoutError("the test never opened the gate")
+    GATE.finished(i)
+    return i
+
+
+def noise(i: int) -> int:
+    """Sleep one task duration, then record finishing as ("noise", i)."""
     time.sleep(D)
-    return start
+    GATE.finished(("noise", i))
+    return i
+
+
+def link(x: int, label: Hashable) -> int:
+    """One link of a chain: sleep one task duration, record finishing as `label`."""
+    time.sleep(D)
+    GATE.finished(label)
+    return x + 1
 
 
 def sleep_inc(x: float) -> float:
@@ -71,7 +138,10 @@ def _worker_task_count(dask_worker: Any) -> int:
 
 @contextlib.contextmanager
 def one_thread_cluster(saturation: float = DEFAULT_SATURATION) -> Iterator[Client]:
-    """A 1 worker x 1 thread cluster whose leftover work is cancelled before it closes."""
+    """A 1 worker x 1 thread cluster (with a new, closed gate) whose leftover work is
+    cancelled before it closes."""
+    global GATE
+    GATE = Gate()
     # dashboard ":0": another cluster may hold 8787, and distributed leaks a socket
     # (a ResourceWarning, an error here) when it retries on a taken port.
     with dask.config.set({"distributed.scheduler.worker-saturation": saturation}):
@@ -79,10 +149,11 @@ def one_thread_cluster(saturation: float = DEFAULT_SATURATION) -> Iterator[Clien
             LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster,
             Client(cluster) as client,
         ):
-            install(client)  # as the kernels do at start, so timings exclude registration
+            install(client)  # as the kernels do at start
             try:
                 yield client
             finally:
+                GATE.open()  # a failed test must not leave the worker's thread waiting
                 client.cancel([Future(key, client) for key in list(client.futures)])
                 # A task cut off by the worker closing logs a warning: let it end first.
                 deadline = time.monotonic() + 5
@@ -97,12 +168,44 @@ def scheduler_priorities(client: Client, keys: list[Any]) -> list[tuple[float, .
     return client.run_on_scheduler(read)
 
 
-def time_request(future: Future, bump: bool) -> float:
-    start = time.perf_counter()
-    if bump:
-        assert prioritize(future) == 1
-    future.result()
-    return time.perf_counter() - start
+def _bump_shows(client: Client, key: Hashable) -> bool:
+    """Whether `key` carries a bump on the scheduler and, if the worker holds it, there too."""
+
+    def on_worker(dask_worker: Any) -> bool:
+        ts = dask_worker.state.tasks.get(key)
+        return ts is None or ts.priority is None or ts.priority[0] == float("-inf")
+
+    def on_scheduler(dask_scheduler: Any) -> bool:
+        ts = dask_scheduler.tasks.get(key)
+        return ts is not None and ts.priority is not None and ts.priority[0] == float("-inf")
+
+    return bool(client.run_on_scheduler(on_scheduler)) and all(client.run(on_worker).values())
+
+
+def wait_for_bump(client: Client, keys: list[Hashable]) -> None:
+    """Return once every key shows its bump where it is queued.
+
+    The scheduler applies a bump before ``prioritize`` returns, but tells the
+    worker on its batched stream, and an automatic bump happens in whichever
+    thread blocks: polling the state is the one way to see either land.
+    """
+    deadline = time.monotonic() + BUMP_TIMEOUT
+    while not all(_bump_shows(client, key) for key in keys):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no bump on {keys} within {BUMP_TIMEOUT} s")
+        time.sleep(0.01)
+
+
+def open_when_bumped(client: Client, keys: list[Hashable], wait: Callable[[], Any]) -> Any:
+    """Run `wait` (which blocks on gated work and should bump it) in a thread; open the
+    gate once `keys` show the bump; return what `wait` returned."""
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(wait)
+        try:
+            wait_for_bump(client, keys)
+        finally:
+            GATE.open()
+        return waiting.result(timeout=GATE_TIMEOUT)
 
 
 # -- pure helpers --------------------------------------------------------------
@@ -163,74 +266,104 @@ def test_prioritize_rejects_plain_values() -> None:
 @needs_cluster
 @pytest.mark.parametrize("saturation", SATURATIONS)
 def test_requested_task_jumps_the_queue(saturation: float) -> None:
+    """A bumped task runs right after what the worker already started, not at its place 150.
+
+    The bump comes once the worker runs the first task, so it re-sorts the
+    scheduler's queue or the worker's ready heap (not a bump applied on arrival).
+    """
     with one_thread_cluster(saturation) as client:
-        futures = client.map(started_at, range(N_TASKS))
-        elapsed = time_request(futures[TARGET], bump=True)
-        assert elapsed < 3 * D + SLACK, f"{elapsed / D:.1f} task durations"
+        futures = client.map(gated, range(N_TASKS))
+        GATE.wait_entered()
+        assert prioritize(futures[TARGET]) == 1
+        wait_for_bump(client, [futures[TARGET].key])
+        GATE.open()
+        assert futures[TARGET].result() == TARGET
+        assert GATE.place(TARGET) < FIRST_PLACES, GATE.order()[:10]
 
 
 @needs_cluster
 @pytest.mark.parametrize("saturation", SATURATIONS)
 def test_without_a_bump_the_request_waits_its_turn(saturation: float) -> None:
+    """The control: unbumped, the requested task finishes after the 100 submitted before it."""
     with one_thread_cluster(saturation) as client:
-        futures = client.map(started_at, range(N_TASKS))
-        elapsed = time_request(futures[TARGET], bump=False)
-        assert elapsed > 100 * D, f"{elapsed / D:.1f} task durations"
+        futures = client.map(gated, range(N_TASKS))
+        GATE.open()
+        assert futures[TARGET].result() == TARGET
+        assert GATE.place(TARGET) > 100, GATE.order()[:10]
 
 
 @needs_cluster
 def test_a_later_bump_wins_over_an_earlier_one() -> None:
+    """Bump 50 then 150: 150 finishes first, both ahead of the unbumped tasks between them."""
     with one_thread_cluster() as client:
-        futures = client.map(started_at, range(N_TASKS))
+        futures = client.map(gated, range(N_TASKS))
         assert prioritize(futures[50]) == 1
         assert prioritize(futures[150]) == 1
         p50, p150, p10 = scheduler_priorities(client, [futures[i].key for i in (50, 150, 10)])
         assert p150 < p50 < p10
-        start150, start50 = futures[150].result(), futures[50].result()
-        assert start150 < start50
-        assert not futures[20].done()  # both ran ahead of the unbumped tasks
+        wait_for_bump(client, [futures[50].key, futures[150].key])
+        GATE.open()
+        assert futures[50].result() == 50 and futures[20].result() == 20
+        order = GATE.order()
+        assert order.index(150) < order.index(50) < order.index(20), order[:10]
+        assert order.index(50) < FIRST_PLACES + 1, order[:10]
 
 
 @needs_cluster
 def test_bumping_a_key_bumps_the_chain_it_waits_on() -> None:
-    # Every task is sent to the worker at once, so the chain's first link sits in
-    # the worker's ready heap behind 100 others and the rest wait on the scheduler.
-    with one_thread_cluster(float("inf")) as client:
-        noise = client.map(started_at, range(100))  # noqa: F841 - keeps the worker busy
+    """A bumped chain's links run ahead of the noise though only its first link was ready.
 
-        def chain(length: int) -> list[Future]:
-            links = [client.submit(sleep_inc, 0, priority=-1, pure=False)]
-            for _ in range(length - 1):
-                links.append(client.submit(sleep_inc, links[-1], priority=-1, pure=False))
+    Every task is sent to the worker at once, so the chain's first link sits in
+    the worker's ready heap behind N_TASKS noise tasks and the rest wait on the
+    scheduler. While a finished link's successor travels from the scheduler the
+    freed thread runs noise (one task or so on a quiet machine, more on a loaded
+    one), so the assertion is that the chain ends while at least half the noise
+    is still waiting: unbumped (priority -1) it would end after all of it.
+    """
+    with one_thread_cluster(float("inf")) as client:
+        noise_futures = client.map(noise, range(N_TASKS))  # noqa: F841 - keeps the worker busy
+
+        def chain(name: str, length: int) -> list[Future]:
+            links = [client.submit(link, 0, (name, 0), priority=-1, pure=False)]
+            for i in range(1, length):
+                links.append(client.submit(link, links[-1], (name, i), priority=-1, pure=False))
             return links
 
-        bumped, control = chain(5), chain(5)
-        start = time.perf_counter()
+        bumped, control = chain("bumped", 5), chain("control", 5)
         assert prioritize(bumped[-1]) == 5
         assert bumped[-1].result() == 5
-        elapsed = time.perf_counter() - start
-        # While a finished link's successor travels from the scheduler, the freed
-        # thread starts a noise task: up to 2 D per link, plus the one running now.
-        assert elapsed < (2 * 5 + 1) * D + SLACK, f"{elapsed / D:.1f} task durations"
         assert all(p[0] == float("-inf") for p in scheduler_priorities(client, [f.key for f in bumped]))
+        order = GATE.order()
+        done: list[Any] = order[: order.index(("bumped", 4)) + 1]  # (kind, index) labels
+        assert [label for label in done if label[0] == "bumped"] == [("bumped", i) for i in range(5)]
+        assert not any(label[0] == "control" for label in done)
+        noise_before = sum(label[0] == "noise" for label in done)
+        assert noise_before < N_TASKS // 2, f"{noise_before} noise tasks finished before the bumped chain"
         assert not control[0].done()
 
 
 @needs_cluster
 def test_bumping_a_slice_of_a_persisted_collection_bumps_only_what_it_needs() -> None:
+    """Bumping one chunk of a persisted array makes that chunk, and only it, jump the queue."""
     da = pytest.importorskip("dask.array")
     with one_thread_cluster() as client:
-        persisted = da.zeros(N_TASKS, chunks=1).map_blocks(_sleep_block, dtype=float).persist()
+        persisted = da.zeros(N_TASKS, chunks=1).map_blocks(_gated_block, meta=_META).persist()
         piece = persisted[TARGET : TARGET + 1]
-        start = time.perf_counter()
+        GATE.wait_entered()  # the chunks are queued: the bump re-sorts the queue
         assert prioritize(piece) == 1
+        wait_for_bump(client, [persisted.__dask_keys__()[TARGET]])
+        GATE.open()
         assert piece.compute().tolist() == [1.0]
-        elapsed = time.perf_counter() - start
-        assert elapsed < 3 * D + SLACK, f"{elapsed / D:.1f} task durations"
+        assert GATE.place(TARGET) < FIRST_PLACES, GATE.order()[:10]
 
 
-def _sleep_block(block: Any) -> Any:
-    time.sleep(D)
+#: map_blocks's meta, given so that dask does not call the gated function to infer it.
+_META = np.empty((0,), dtype=float)
+
+
+def _gated_block(block: Any, block_id: tuple[int, ...] = (-1,)) -> Any:
+    """A map_blocks function: wait for the gate, record finishing as the block's index."""
+    gated(block_id[0])
     return block + 1
 
 
@@ -248,21 +381,23 @@ def test_prioritizing_finished_work_changes_nothing() -> None:
 @needs_cluster
 @pytest.mark.parametrize("saturation", SATURATIONS)
 def test_auto_priority_bumps_a_future_on_result(saturation: float) -> None:
+    """Inside enable_auto_priority, blocking on result() bumps the future: it jumps the queue."""
     with one_thread_cluster(saturation) as client, enable_auto_priority(client):
-        futures = client.map(started_at, range(N_TASKS))
-        elapsed = time_request(futures[TARGET], bump=False)
-        assert elapsed < 3 * D + SLACK, f"{elapsed / D:.1f} task durations"
+        futures = client.map(gated, range(N_TASKS))
+        assert open_when_bumped(client, [futures[TARGET].key], futures[TARGET].result) == TARGET
+        assert GATE.place(TARGET) < FIRST_PLACES, GATE.order()[:10]
 
 
 @needs_cluster
 def test_auto_priority_bumps_a_computed_slice_of_a_persisted_collection() -> None:
+    """Computing a slice of a persisted array bumps the chunk it gathers."""
     da = pytest.importorskip("dask.array")
     with one_thread_cluster(float("inf")) as client, enable_auto_priority(client):
-        persisted = da.zeros(N_TASKS, chunks=1).map_blocks(_sleep_block, dtype=float).persist()
-        start = time.perf_counter()
-        assert persisted[TARGET : TARGET + 1].compute().tolist() == [1.0]
-        elapsed = time.perf_counter() - start
-        assert elapsed < 3 * D + SLACK, f"{elapsed / D:.1f} task durations"
+        persisted = da.zeros(N_TASKS, chunks=1).map_blocks(_gated_block, meta=_META).persist()
+        piece = persisted[TARGET : TARGET + 1]
+        got = open_when_bumped(client, [persisted.__dask_keys__()[TARGET]], piece.compute)
+        assert got.tolist() == [1.0]
+        assert GATE.place(TARGET) < FIRST_PLACES, GATE.order()[:10]
 
 
 @needs_cluster
