@@ -1,0 +1,293 @@
+"""Tests for nbrewind.session.writer: the background thread that makes checkpoints durable.
+
+Real threads and a real store in ``tmp_path``: jobs write objects and catalog
+refs (SQLite) from the writer's thread, as the session's commits do, and the
+tests read them back from another connection. Where a test must show that a
+call is still waiting, it gives the call a bounded moment (``join(timeout)``) to
+return early and then checks it did not: that can only miss a bug, never fail a
+correct writer. Everything else is synchronized with events and joins.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from nbrewind.session.writer import BackgroundWriter
+from nbrewind.store import Store
+
+#: Seconds to wait for something that must happen (only reached when it does not).
+TIMEOUT = 30.0
+#: Seconds a call gets to return early when the test checks that it is still waiting.
+EARLY = 0.2
+
+
+@pytest.fixture
+def writer() -> Iterator[BackgroundWriter]:
+    w = BackgroundWriter()
+    yield w
+    w.close()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    with Store.open(tmp_path / "store", create=True) as s:
+        yield s
+
+
+def blocked_job(started: threading.Event, release: threading.Event, done: list[str], name: str) -> Callable[[], None]:
+    """A job that signals it started, waits to be released, then records `name`."""
+
+    def job() -> None:
+        started.set()
+        if not release.wait(TIMEOUT):
+            raise TimeoutError("the test never released the job")
+        done.append(name)
+
+    return job
+
+
+def in_thread(target: Callable[[], object]) -> threading.Thread:
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_jobs_run_in_submission_order_on_one_background_daemon_thread(writer: BackgroundWriter) -> None:
+    """FIFO on a single daemon thread that is not the submitter's."""
+    ran: list[tuple[int, threading.Thread]] = []
+
+    def record(i: int) -> None:
+        ran.append((i, threading.current_thread()))
+
+    for i in range(200):
+        writer.submit(functools.partial(record, i))
+    writer.flush()
+    assert [i for i, _ in ran] == list(range(200))
+    threads = {t for _, t in ran}
+    assert len(threads) == 1
+    (thread,) = threads
+    assert thread is not threading.current_thread() and thread.daemon
+
+
+def test_store_writes_land_in_submission_order(writer: BackgroundWriter, store: Store, tmp_path: Path) -> None:
+    """Jobs writing objects and moving one catalog ref leave, after flush, the last job's ref and
+    every object, visible to another connection to the store."""
+    digests: list[str] = []
+
+    def commit(i: int) -> None:
+        digest = store.objects.put(f"checkpoint {i}".encode())
+        digests.append(digest)
+        store.catalog.set_ref("test", "head", digest)
+
+    for i in range(30):
+        writer.submit(functools.partial(commit, i))
+    writer.flush()
+    with Store.open(tmp_path / "store", create=False, readonly=True) as reader:
+        assert reader.catalog.get_ref("test", "head") == digests[-1]
+        assert [reader.objects.get(d) for d in digests] == [f"checkpoint {i}".encode() for i in range(30)]
+
+
+def test_submit_returns_at_once_and_pending_counts_jobs_and_bytes(writer: BackgroundWriter) -> None:
+    """A job that has not finished counts as pending, with its bytes, until it has."""
+    started, release = threading.Event(), threading.Event()
+    done: list[str] = []
+    writer.submit(blocked_job(started, release, done, "first"), nbytes=100)
+    writer.submit(lambda: done.append("second"), nbytes=50)
+    assert started.wait(TIMEOUT)
+    assert writer.pending() == (2, 150)
+    release.set()
+    writer.flush()
+    assert writer.pending() == (0, 0)
+    assert done == ["first", "second"]
+
+
+def test_flush_waits_for_the_job_in_flight_and_the_queued_ones(writer: BackgroundWriter) -> None:
+    """flush returns only after every job submitted before it has finished."""
+    started, release = threading.Event(), threading.Event()
+    events: list[str] = []
+    writer.submit(blocked_job(started, release, events, "job 1"))
+    writer.submit(lambda: events.append("job 2"))
+    assert started.wait(TIMEOUT)
+
+    def flush_then_note() -> None:
+        writer.flush()
+        events.append("flushed")
+
+    flusher = in_thread(flush_then_note)
+    flusher.join(EARLY)
+    assert flusher.is_alive(), "flush returned while a job was still running"
+    release.set()
+    flusher.join(TIMEOUT)
+    assert not flusher.is_alive()
+    assert events == ["job 1", "job 2", "flushed"]
+
+
+def test_flush_with_nothing_submitted_returns(writer: BackgroundWriter) -> None:
+    """A writer that never got a job flushes at once (and starts no thread to do it)."""
+    flusher = in_thread(writer.flush)
+    flusher.join(TIMEOUT)
+    assert not flusher.is_alive()
+    assert writer.pending() == (0, 0)
+
+
+def test_a_failing_job_is_reported_once_and_the_next_jobs_still_run(writer: BackgroundWriter, tmp_path: Path) -> None:
+    """A job's exception is kept as "Type: message" for the next cell's notice, taken once; the
+    jobs after it run, and nothing stays pending."""
+    ran: list[str] = []
+
+    def disk_full() -> None:
+        raise OSError(28, "No space left on device")
+
+    with Store.open(tmp_path / "store", create=True) as writable:
+        digest = writable.objects.put(b"a checkpoint")
+    readonly = Store.open(tmp_path / "store", create=False, readonly=True)
+    try:
+        writer.submit(lambda: ran.append("before"))
+        writer.submit(lambda: readonly.catalog.set_ref("test", "head", digest), nbytes=10)
+        writer.submit(disk_full)
+        writer.submit(lambda: ran.append("after"))
+        writer.flush()
+    finally:
+        readonly.close()
+    failures = writer.take_failures()
+    assert len(failures) == 2
+    assert failures[0].startswith("ReadOnlyStoreError: "), failures[0]  # the store refusing the write
+    assert failures[1] == "OSError: [Errno 28] No space left on device"
+    assert writer.take_failures() == []
+    assert ran == ["before", "after"]
+    assert writer.pending() == (0, 0)
+
+
+def test_the_byte_cap_holds_a_submit_back_until_the_bytes_in_flight_are_written() -> None:
+    """With the cap reached, submit waits for room; the held job is queued after the one in flight."""
+    writer = BackgroundWriter(max_pending_bytes=100)
+    try:
+        started, release = threading.Event(), threading.Event()
+        done: list[str] = []
+        writer.submit(blocked_job(started, release, done, "first"), nbytes=80)
+        assert started.wait(TIMEOUT)
+        submitter = in_thread(functools.partial(writer.submit, functools.partial(done.append, "second"), nbytes=50))
+        submitter.join(EARLY)
+        assert submitter.is_alive(), "submit went past the byte cap"
+        assert writer.pending() == (1, 80)
+        release.set()
+        submitter.join(TIMEOUT)
+        assert not submitter.is_alive()
+        writer.flush()
+        assert done == ["first", "second"]
+    finally:
+        writer.close()
+
+
+def test_a_job_larger_than_the_cap_is_taken_when_nothing_is_in_flight() -> None:
+    """The cap bounds memory; it never refuses a single large checkpoint (no deadlock)."""
+    writer = BackgroundWriter(max_pending_bytes=10)
+    ran: list[int] = []
+    try:
+        submitter = in_thread(lambda: writer.submit(lambda: ran.append(1), nbytes=10_000))
+        submitter.join(TIMEOUT)
+        assert not submitter.is_alive()
+        writer.flush()
+        assert ran == [1]
+    finally:
+        writer.close()
+
+
+def test_close_finishes_every_queued_job_then_stops_the_thread() -> None:
+    """close drains the queue (nothing submitted is lost) and the writer thread ends."""
+    writer = BackgroundWriter()
+    started, release = threading.Event(), threading.Event()
+    done: list[str] = []
+    threads: list[threading.Thread] = []
+    writer.submit(lambda: threads.append(threading.current_thread()))
+    writer.submit(blocked_job(started, release, done, "slow"))
+    for i in range(20):
+        writer.submit(functools.partial(done.append, f"queued {i}"))
+    assert started.wait(TIMEOUT)
+    closer = in_thread(writer.close)
+    closer.join(EARLY)
+    assert closer.is_alive(), "close returned before the queued jobs ran"
+    release.set()
+    closer.join(TIMEOUT)
+    assert not closer.is_alive()
+    assert done == ["slow", *(f"queued {i}" for i in range(20))]
+    assert not threads[0].is_alive()
+    assert writer.pending() == (0, 0)
+
+
+def test_a_job_submitted_after_close_still_runs_and_close_again_stops_it() -> None:
+    """After close the writer is not dead: a late job (a shutdown racing a cell) starts a new
+    thread and runs, and a second close stops that thread."""
+    writer = BackgroundWriter()
+    threads: list[threading.Thread] = []
+    writer.submit(lambda: threads.append(threading.current_thread()))
+    writer.close()
+    writer.submit(lambda: threads.append(threading.current_thread()))
+    writer.flush()
+    assert len(threads) == 2 and threads[0] is not threads[1]
+    writer.close()
+    assert not any(t.is_alive() for t in threads)
+
+
+def test_close_is_idempotent_and_needs_no_thread() -> None:
+    """Closing a writer that never ran a job, and closing twice, return at once."""
+    writer = BackgroundWriter()
+
+    def close_twice() -> None:
+        writer.close()
+        writer.close()
+
+    closer = in_thread(close_twice)
+    closer.join(TIMEOUT)
+    assert not closer.is_alive()
+
+
+TRIALS = 50
+SUBMITTERS = 8
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "bug: BackgroundWriter._ensure_thread checks and starts the thread outside the lock, so "
+        "first submits from several threads at once start several writer threads: jobs then run "
+        "concurrently and out of order, and close() (one sentinel, one join) hangs on the others. "
+        "The kernel submits from one thread today, so it is latent there."
+    ),
+)
+def test_submitters_on_several_threads_share_one_writer_thread(tmp_path: Path) -> None:
+    """However many threads submit at once, one writer thread runs every job (FIFO needs it)."""
+    with Store.open(tmp_path / "store", create=True) as store:
+        for trial in range(TRIALS):
+            writer = BackgroundWriter()
+            ran_on: set[threading.Thread] = set()
+            lock = threading.Lock()
+
+            def job(i: int) -> None:
+                store.objects.put(f"{trial}:{i}".encode())  # real work, long enough to overlap
+                with lock:
+                    ran_on.add(threading.current_thread())
+
+            barrier = threading.Barrier(SUBMITTERS)
+
+            def submit_three(n: int) -> None:
+                barrier.wait()
+                for i in range(3):
+                    writer.submit(functools.partial(job, 3 * n + i))
+
+            submitters = [in_thread(functools.partial(submit_three, n)) for n in range(SUBMITTERS)]
+            for s in submitters:
+                s.join(TIMEOUT)
+            writer.flush()
+            # Internal access, only to stop every thread the bug may have started (one
+            # sentinel each; each submit starts at most one), so that close() cannot hang
+            # and no thread outlives the test.
+            for _ in range(3 * SUBMITTERS):
+                writer._queue.put(None)
+            writer.close()
+            assert len(ran_on) == 1, f"trial {trial}: {len(ran_on)} writer threads ran jobs"
