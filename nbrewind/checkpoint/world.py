@@ -138,12 +138,14 @@ def listing_key(path: str) -> str:
     return xxhash.xxh3_128_hexdigest("\0".join(names).encode("utf-8", "surrogateescape"))
 
 
-def stat_key(path: str) -> str:
+def stat_key(path: str, *, kind_only: bool = False) -> str:
     """What a stat of `path` can tell a deterministic cell: missing, a directory, or a file's size and content.
 
     Times, inode numbers and permissions are left out on purpose: they differ for the
     same data on another machine or after a copy, and a notebook whose output
-    depends on them is not deterministic.
+    depends on them is not deterministic. With ``kind_only``, what an existence
+    check (``os.path.exists``, ``isfile``, ``isdir``, ``Path.exists``) can tell:
+    missing, a directory, a file or something else.
     """
     _busy.on = True
     try:
@@ -154,10 +156,32 @@ def stat_key(path: str) -> str:
         if stat_module.S_ISDIR(info.st_mode):
             return "dir"
         if stat_module.S_ISREG(info.st_mode):
-            return f"file|{info.st_size}|{file_digest(path)}"
+            return "file" if kind_only else f"file|{info.st_size}|{file_digest(path)}"
         return f"other|{stat_module.S_IFMT(info.st_mode)}"
     finally:
         _busy.on = False
+
+
+# Callers of os.stat / os.lstat that return only whether a path exists and of what kind.
+_KIND_CHECKS = frozenset({
+    ("genericpath", "exists"), ("genericpath", "isfile"), ("genericpath", "isdir"), ("genericpath", "islink"),
+    ("posixpath", "lexists"), ("posixpath", "islink"), ("ntpath", "lexists"), ("ntpath", "isdir"),
+    ("pathlib", "exists"), ("pathlib", "is_file"), ("pathlib", "is_dir"), ("pathlib", "is_symlink"),
+})
+_PATH_MODULES = frozenset({"genericpath", "posixpath", "ntpath", "pathlib"})
+
+
+def _asked_kind_only(depth: int) -> bool:
+    """Whether the stat being made answers only an existence check (see `_KIND_CHECKS`)."""
+    frame: Any = sys._getframe(depth)
+    while frame is not None:
+        module = frame.f_globals.get("__name__") or ""
+        if module not in _PATH_MODULES:
+            return False
+        if (module, frame.f_code.co_name) in _KIND_CHECKS:
+            return True
+        frame = frame.f_back  # pathlib's exists() calls its own stat(), which calls os.stat
+    return False
 
 
 _real_stat = os.stat
@@ -177,6 +201,8 @@ class WorldTracker:
         self._written = written or (lambda path: False)
         self.listings: dict[str, str] = {}
         self.stats: dict[str, str] = {}
+        self.kinds: dict[str, str] = {}
+        """Paths only checked for existence, with what that check could tell (`stat_key(kind_only=True)`)."""
         self.env_reads: set[str] = set()
         self.env_listed = False
         self.impure: list[str] = []
@@ -187,7 +213,7 @@ class WorldTracker:
     def clear(self) -> None:
         """Forget what was recorded, for the next cell run."""
         with self._mutex:
-            self.listings, self.stats, self.env_reads = {}, {}, set()
+            self.listings, self.stats, self.kinds, self.env_reads = {}, {}, {}, set()
             self.env_listed, self.impure, self.databases = False, [], {}
 
     @contextlib.contextmanager
@@ -223,12 +249,19 @@ class WorldTracker:
             with self._mutex:
                 self.listings.setdefault(path, key)
 
-    def note_stat(self, raw: Any) -> None:
+    def note_stat(self, raw: Any, *, kind_only: bool = False) -> None:
         path = self._path(raw)
-        if path is not None and path not in self.stats and not self._written(path):
-            key = stat_key(path)
-            with self._mutex:
-                self.stats.setdefault(path, key)
+        if path is None or path in self.stats or self._written(path):
+            return
+        if kind_only:
+            if path not in self.kinds:
+                key = stat_key(path, kind_only=True)
+                with self._mutex:
+                    self.kinds.setdefault(path, key)
+            return
+        key = stat_key(path)
+        with self._mutex:
+            self.stats.setdefault(path, key)
 
     def note_database(self, raw: Any) -> None:
         path = self._path(raw)
@@ -283,8 +316,9 @@ def _wrap_stat_and_environ() -> Callable[[], None]:
             if _active and not getattr(_busy, "on", False) and not getattr(quiet_reads, "on", False) and not kwargs.get("dir_fd"):
                 try:
                     if not _asked_by_library(2):
+                        kind_only = _asked_kind_only(2)
                         for tracker in _active:
-                            tracker.note_stat(path)
+                            tracker.note_stat(path, kind_only=kind_only)
                 except Exception:  # noqa: BLE001 - never fail the user's stat
                     pass
             return original(path, *args, **kwargs)

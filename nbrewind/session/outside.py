@@ -11,6 +11,7 @@ cell run's `inputs` and of a checkpoint's entries):
 | ``@mstate:<module>`` | a local module's data attributes | those attributes |
 | ``@dir:<path>`` | the names a listing returned | (never written) |
 | ``@stat:<path>`` | what a stat could tell (missing, dir, size and content) | (never written) |
+| ``@kind:<path>`` | what an existence check could tell (missing, dir, file) | (never written) |
 | ``@impure`` | why the cell can never be replayed; never matches | (never written) |
 """
 
@@ -36,7 +37,7 @@ from nbrewind.store.objects import ObjectStore
 
 ABSENT = "absent"
 IMPURE = "@impure"
-_PREFIXES = ("@setting:", "@src:", "@mstate:", "@dir:", "@stat:")
+_PREFIXES = ("@setting:", "@src:", "@mstate:", "@dir:", "@stat:", "@kind:")
 # Names through which code reads a global RNG's state without drawing from it
 # (`random.getstate()`, `np.random.get_state()`, the generators behind the module
 # functions). A draw changes the state and is seen without them; seeding and making
@@ -80,6 +81,8 @@ class Outside:
             return listing_key(self.absolute(name[5:]))
         if name.startswith("@stat:"):
             return stat_key(self.absolute(name[6:]))
+        if name.startswith("@kind:"):
+            return stat_key(self.absolute(name[6:]), kind_only=True)
         return ABSENT
 
     def setting_keys(self, names: Iterable[str] | None = None) -> dict[str, str]:
@@ -163,6 +166,9 @@ class Outside:
             inputs[f"@dir:{self.rel(path)}"] = key
         for path, key in sorted(tracker.stats.items()):
             inputs[f"@stat:{self.rel(path)}"] = key
+        for path, key in sorted(tracker.kinds.items()):
+            if path not in tracker.stats:  # a full stat says more
+                inputs[f"@kind:{self.rel(path)}"] = key
         names = set(tracker.env_reads) | (set(env_before) if tracker.env_listed else set())
         for var in sorted(names):
             inputs[f"@env:{var}"] = env_key(env_before.get(var))

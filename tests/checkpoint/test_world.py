@@ -37,11 +37,34 @@ def test_listings_stats_and_databases_are_recorded_with_what_they_saw(tmp_path: 
             db=str(tmp_path / "x.db"),
         )
     assert tracker.listings[str(data)] == listing_key(str(data))
-    assert tracker.stats[str(tmp_path / "flag")] == "absent"
+    assert tracker.kinds[str(tmp_path / "flag")] == "absent" and str(tmp_path / "flag") not in tracker.stats
     assert tracker.stats[str(data / "a.csv")] == stat_key(str(data / "a.csv")) and "file|1|" in tracker.stats[str(data / "a.csv")]
     assert str(tmp_path / "x.db") in tracker.databases
     (data / "b.csv").write_text("22")
     assert listing_key(str(data)) != tracker.listings[str(data)]  # a new file changes the key
+
+
+def test_an_existence_check_records_only_what_it_can_tell(tmp_path: Path) -> None:
+    # PIL's Image.save asks os.path.exists(out) before writing: a plot cell must not be keyed
+    # on the content of the previous run's picture.
+    out = tmp_path / "plot.png"
+    out.write_bytes(b"old picture")
+    other = tmp_path / "data.csv"
+    other.write_text("1,2")
+    tracker = _tracker()
+    with tracker.tracking():
+        _as_cell(
+            "a = os.path.exists(out); b = os.path.isfile(out); c = Path(out).exists(); d = os.path.isdir(str(tmp))\n"
+            "e = Path(other).exists(); n = os.path.getsize(other)",
+            os=os, Path=Path, out=str(out), other=str(other), tmp=tmp_path,
+        )
+    assert tracker.kinds == {str(out): "file", str(tmp_path): "dir", str(other): "file"}
+    assert str(out) not in tracker.stats and str(tmp_path) not in tracker.stats
+    assert tracker.stats[str(other)] == stat_key(str(other))  # getsize tells the size: a full stat
+    out.write_bytes(b"a new picture, another size")
+    assert stat_key(str(out), kind_only=True) == "file"  # the existence check's answer is unchanged
+    out.unlink()
+    assert stat_key(str(out), kind_only=True) == "absent"
 
 
 def test_environment_reads_and_impure_calls_are_the_cells(tmp_path: Path) -> None:
