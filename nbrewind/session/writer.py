@@ -40,7 +40,7 @@ class BackgroundWriter:
                 self._lock.wait()
             self._pending_jobs += 1
             self._pending_bytes += nbytes
-        self._ensure_thread()
+            self._ensure_thread()  # under the lock: submitters racing must start one thread
         self._queue.put((job, nbytes))
 
     def _run(self) -> None:

@@ -251,15 +251,6 @@ TRIALS = 50
 SUBMITTERS = 8
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bug: BackgroundWriter._ensure_thread checks and starts the thread outside the lock, so "
-        "first submits from several threads at once start several writer threads: jobs then run "
-        "concurrently and out of order, and close() (one sentinel, one join) hangs on the others. "
-        "The kernel submits from one thread today, so it is latent there."
-    ),
-)
 def test_submitters_on_several_threads_share_one_writer_thread(tmp_path: Path) -> None:
     """However many threads submit at once, one writer thread runs every job (FIFO needs it)."""
     with Store.open(tmp_path / "store", create=True) as store:
