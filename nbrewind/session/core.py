@@ -90,6 +90,8 @@ class Session(RestoreMixin):
         self._outside: outside.Outside | None = None
         self.last: LastCell | None = None
         self._pending_rng: dict[str, Entry] = {}
+        self._rng_left: dict[str, str] = {}
+        """Digest of each global RNG state as the last recorded or replayed cell left it."""
         self.writer = BackgroundWriter()
         self.committer = Committer(self.writer)
         self._task_cache: TaskCache | None = None
@@ -273,7 +275,10 @@ class Session(RestoreMixin):
             return self.outside.key(name)
         if name.startswith("@rng:"):
             pending = self._pending_rng.get(name[5:])
-            return pending.key if pending is not None else hidden.rng_states().get(name[5:], ABSENT)
+            if pending is not None:
+                return pending.key
+            left = self._rng_left.get(name[5:])
+            return left if left is not None else hidden.rng_states().get(name[5:], ABSENT)
         if name.startswith("@file:"):
             return hidden.file_digest(self._abs(name[6:])) or ABSENT
         if name == "@cwd":
@@ -314,6 +319,9 @@ class Session(RestoreMixin):
         plan.uses = name_uses(plan.transformed)  # only a cell that runs needs them
         plan.started = time.perf_counter()
         plan.rng_before = hidden.rng_states()
+        # Between cells only the kernel's own threads run (distributed's, a thread a cell left
+        # behind), whenever they get to it: a cell is keyed on the state the last cell left.
+        plan.rng_key_before = {which: self._rng_left.get(which, digest) for which, digest in plan.rng_before.items()}
         plan.env_before = hidden.env_snapshot()
         plan.cwd_before = os.getcwd()
         if plan.msg_id:
@@ -393,17 +401,22 @@ class Session(RestoreMixin):
         saved = hidden.capture_rng()
         if self._touches_rng(plan):
             # It may read a global RNG's state without drawing (`random.getstate()`).
-            for which, digest in plan.rng_before.items():
+            for which, digest in plan.rng_key_before.items():
                 if not plan.seeded.get(which):
                     inputs[f"@rng:{which}"] = digest
         for which, digest in rng_after.items():
+            if which not in self._rng_left:
+                self._rng_left[which] = digest
             if plan.rng_before.get(which) != digest:
-                background = which == hidden.RANDOM and plan.background_draws_only
-                if which in plan.rng_before and not plan.seeded.get(which) and not background:
+                if which == hidden.RANDOM and plan.background_draws_only:
+                    # Only distributed's own threads moved it (checkpoint/draws.py): not the
+                    # cell's doing, so neither an input nor part of what a replay restores.
+                    continue
+                if which in plan.rng_before and not plan.seeded.get(which):
                     # Consumed an existing state. A generator that only came into
-                    # being in this cell (numpy imported) was not an input, nor is
-                    # a state only distributed's own threads moved (checkpoint/draws.py).
-                    inputs[f"@rng:{which}"] = plan.rng_before[which]
+                    # being in this cell (numpy imported) was not an input.
+                    inputs[f"@rng:{which}"] = plan.rng_key_before[which]
+                self._rng_left[which] = digest
                 stored = stage_group(objects, {"state": saved[which]})
                 if isinstance(stored, Unserializable):
                     continue
@@ -574,6 +587,7 @@ class Session(RestoreMixin):
         self._advance_history(plan.code, count)
         duration = time.perf_counter() - started
         self.last = LastCell(count, "replayed", plan.reason, duration, 0, 0.0)
+        self._rng_left = {**hidden.rng_states(), **self._rng_left, **{w: e.key for w, e in self._pending_rng.items()}}
         record = self._run_record(
             plan, count, "replayed", plan.reason, duration,
             status=run.status,

@@ -38,6 +38,7 @@ class CellPlan:
     reason: str = ""
     started: float = 0.0
     rng_before: dict[str, str] = field(default_factory=dict)
+    rng_key_before: dict[str, str] = field(default_factory=dict)
     env_before: dict[str, str] = field(default_factory=dict)
     cwd_before: str = ""
     tracking: contextlib.ExitStack | None = None

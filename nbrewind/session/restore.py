@@ -31,6 +31,7 @@ class RestoreMixin:
         session_id: str
         writer: BackgroundWriter
         _pending_rng: dict[str, Entry]
+        _rng_left: dict[str, str]
         committer: Committer
 
         @property
@@ -242,6 +243,7 @@ class RestoreMixin:
         gone = [n for n in current if n not in entries]
         self._apply(entries, [n for n in entries if entries[n].kind != UNSERIALIZABLE], gone)
         self.committer.rebase(chosen.checkpoint_id)
+        self._rng_left = {}  # the restored state is the one to key on, not the last cell's
         missing = sorted(n for n, e in entries.items() if e.kind == UNSERIALIZABLE)
         note = f"; not restorable: {', '.join(missing)}" if missing else ""
         return f"restored the state after cell run #{chosen.id} (In [{chosen.execution_count}]): {len(entries)} names{note}"

@@ -149,6 +149,26 @@ def test_restore_goes_back_to_any_recorded_cell(runner: Runner) -> None:
     assert runner.ns["x"] == 1 and "y" not in runner.ns
 
 
+def test_draws_between_cells_do_not_change_the_next_cells_key(runner: Runner) -> None:
+    """Between cells only the kernel's own threads run (an in-process scheduler draws from
+    `random` whenever its event loop gets to it); here the test itself draws between cells."""
+    import random
+
+    cells = ["import random\nrandom.seed(4)", "y = 1", "z = random.random()"]
+    for mode, moves in (("audit", 3), ("repeat", 7)):
+        runner.new_kernel(mode)
+        outcomes = []
+        for code in cells:
+            outcomes.append(runner.cell(code))
+            for _ in range(moves):
+                random.random()  # a background draw, between cells
+        runner.flush()
+    assert decisions(outcomes) == ["R", "R", "R"]
+    runner.new_kernel("repeat")
+    outcomes = [runner.cell(cells[0]), runner.cell("random.seed(5)"), runner.cell(cells[2])]
+    assert decisions(outcomes) == ["R", "E", "E"]  # a cell that moves the state changes the key
+
+
 def test_the_checkpoint_after_a_restore_continues_from_the_restored_one(runner: Runner) -> None:
     runner.run(["x = 1", "x = 2", "x = 3"])
     assert runner.session is not None
