@@ -46,7 +46,7 @@ from nbrewind.checkpoint.reducers import (
     Unrestorable,
     ordered_class_reduce,
 )
-from nbrewind.identity.values import MemoNeeded, array_digest, buffer_digest, is_notebook_code, pickle_digest
+from nbrewind.identity.values import array_digest, buffer_digest, is_notebook_code, pickle_digest
 
 __all__ = [
     "OOB_THRESHOLD",
@@ -121,9 +121,6 @@ class Unserializable:
     members: tuple[str, ...] = ()
 
 
-_BY_REFERENCE = (types.FunctionType, types.BuiltinFunctionType, type)
-
-
 class _Pickler(cloudpickle.Pickler):
     """cloudpickle's pickler that refuses live resources anywhere in the value.
 
@@ -145,16 +142,9 @@ class _Pickler(cloudpickle.Pickler):
         super().__init__(*args, **kwargs)
         self._for_digest = for_digest
         self._views = views
-        self._reduced: dict[int, Any] = {}
 
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
-        if self.fast and (not issubclass(kind, _BY_REFERENCE) or is_notebook_code(obj)):
-            # Memo-less (a digest): a second meeting is a cycle or a shared object.
-            # Library functions and classes are written as references: never a cycle.
-            if id(obj) in self._reduced:
-                raise MemoNeeded
-            self._reduced[id(obj)] = obj
         name = live_resource_name(kind)
         if name is not None:
             raise LiveResource(name)
@@ -372,12 +362,12 @@ def digest_value(obj: object) -> str | Unserializable:
     views, live resources refused), every buffer out of band and hashed where it
     lies: see :mod:`nbrewind.identity.values`, which task fingerprints share.
 
-    Different content, dtype or shape gives a different digest.  Equal content
-    normally gives an equal digest, also across a checkpoint round trip (the
-    pickle is memo-less unless the value has cycles); when pickling is
-    order-sensitive (a set of str under another PYTHONHASHSEED) it may not,
-    which only makes a value look changed.  Compare digests from this function
-    only with digests from this function.
+    Different content, dtype, shape or sharing (``[l, l]`` against ``[l,
+    list(l)]``) gives a different digest.  Equal content normally gives an equal
+    digest; when pickling is order- or sharing-sensitive in ways that do not
+    matter (a set of str under another PYTHONHASHSEED, a string shared where an
+    equal one was) it may not, which only makes a value look changed.  Compare
+    digests from this function only with digests from this function.
     """
     refused = _module_record(obj)
     if refused is not None:
@@ -416,7 +406,8 @@ def _digest_pickling(obj: object) -> bytes:
             stream, protocol=PICKLE_PROTOCOL, buffer_callback=every_buffer_out_of_band, for_digest=True, views=views
         )
 
-    digest = pickle_digest(obj, make, b"nbrewind.value.pickle.v2")
+    # With the memo: sharing between mutable parts is content for a cell key.
+    digest = pickle_digest(obj, make, b"nbrewind.value.pickle.v2", memo_less=False)
     if views.ndarray is not None and views.finish():
-        digest = pickle_digest(obj, make, b"nbrewind.value.pickle.v2")
+        digest = pickle_digest(obj, make, b"nbrewind.value.pickle.v2", memo_less=False)
     return digest

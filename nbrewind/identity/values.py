@@ -10,15 +10,17 @@ same kind of leaf, it is digested here and only here:
 - a numpy array or bytes-like buffer, hashed in place (dtype, shape and memory
   order included, so values that behave differently digest differently);
 - anything else, through a pickler the caller configures, whose stream and
-  out-of-band buffers are hashed without copying, and *without the pickle memo*
-  where possible: the memo writes a back-reference for an object seen twice, so
-  two equal values (a string shared by two attributes before a round trip, two
-  equal strings after it) would otherwise pickle to different bytes;
+  out-of-band buffers are hashed without copying. Task fingerprints pickle
+  *without the memo* where possible: the memo writes a back-reference for an
+  object seen twice, so two equal values (a string shared by two attributes
+  before a round trip, two equal strings after it) would pickle to different
+  bytes. Cell keys keep the memo, because for them sharing is content: after
+  ``x = [l, l]`` a write through ``x[0]`` shows in ``x[1]``, after
+  ``x = [l, list(l)]`` it does not;
 - whether a function or class is the notebook's own code (module ``__main__``),
   which both callers digest by code rather than by reference.
 
-A digest depends on content only: no ``id()``, no ``hash()``, no memo identity
-(except for values with reference cycles, which need the memo to pickle at all).
+A digest never depends on ``id()`` or ``hash()``.
 """
 
 from __future__ import annotations
@@ -97,24 +99,32 @@ class _Stream(io.BytesIO):
 
 
 def pickle_digest(
-    obj: object, make_pickler: Callable[[io.BytesIO, Callable[[pickle.PickleBuffer], None]], pickle.Pickler], tag: bytes
+    obj: object,
+    make_pickler: Callable[[io.BytesIO, Callable[[pickle.PickleBuffer], None]], pickle.Pickler],
+    tag: bytes,
+    *,
+    memo_less: bool = True,
 ) -> bytes:
     """xxh3-128 (16 bytes) of ``obj`` pickled by ``make_pickler(file, buffer_callback)``
     (protocol 5, buffers out of band), salted with ``tag``.
 
-    Pickled without the memo first, so shared and merely equal sub-objects give the
-    same bytes; a value with a cycle (which the memo-less pickler refuses), one
-    holding the same buffer twice, one whose stream outgrows a bound, and one that
-    fails memo-less for any other reason are pickled again with the memo; what that
-    pickle raises propagates.
+    With ``memo_less`` it is pickled without the memo first, so shared and merely
+    equal sub-objects give the same bytes; a value with a cycle (which the memo-less
+    pickler refuses), one holding the same buffer twice, one whose stream outgrows a
+    bound, and one that fails memo-less for any other reason are pickled again with
+    the memo; what that pickle raises propagates. Without it the memo is used from
+    the start: sharing is then part of the digest (``[l, l]`` differs from
+    ``[l, list(l)]``), which a caller needs when a later mutation through one alias
+    must count as a change of the other.
     """
-    try:
-        return _dump_digest(obj, make_pickler, tag, fast=True)
-    except Exception:
-        # A cycle shows as ValueError, or as RecursionError through a reducer (which
-        # cloudpickle re-raises as PicklingError); a value that cannot be pickled at
-        # all fails again below, with the memo, and that error is the caller's.
-        pass
+    if memo_less:
+        try:
+            return _dump_digest(obj, make_pickler, tag, fast=True)
+        except Exception:
+            # A cycle shows as ValueError, or as RecursionError through a reducer (which
+            # cloudpickle re-raises as PicklingError); a value that cannot be pickled at
+            # all fails again below, with the memo, and that error is the caller's.
+            pass
     return _dump_digest(obj, make_pickler, tag, fast=False)
 
 

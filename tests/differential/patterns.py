@@ -163,6 +163,20 @@ PATTERNS: list[Pattern] = [
         edit={0: "lst = [9, 1, 2]"},
     ),
     pattern(
+        "alias_becomes_copy",
+        "x = [l, l] edited to x = [l, list(l)]: equal content, different sharing; a digest blind to "
+        "sharing replays the reader, which shows the write through x[0] in x[1]",
+        ["l = [1, 2]", "x = [l, l]", "x[0].append(9)\nprint(x[1])"],
+        edit={1: "x = [l, list(l)]  # a copy now"},
+    ),
+    pattern(
+        "alias_becomes_copy_same_text",
+        "the cell making x runs (its code changed) and makes equal content with other sharing; the "
+        "unchanged writer-reader cell must run too",
+        ["l = [1, 2]", "x = [l, l]", "x[0].append(9)", "print(x[1])"],
+        edit={1: "x = [l, l[:]]"},
+    ),
+    pattern(
         "sort_inplace_restore",
         "the sort and literal cells replay; a checkpoint that missed the in-place sort restores [3, 1, 2] for the edited reader",
         ["lst = [3, 1, 2]", "lst.sort()", "print(lst)"],
