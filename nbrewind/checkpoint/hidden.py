@@ -35,10 +35,6 @@ __all__ = [
 
 RANDOM = "random"
 NUMPY_RANDOM = "numpy.random"
-UNSEEDED = "unseeded"
-"""The key of a global RNG state the notebook never seeded nor set: it came from the
-process's entropy, so no other run can have it, and keying a cell on its digest would only
-make the cell never replay (a fresh run of such a notebook is not reproducible either)."""
 
 
 # RNG states
@@ -85,14 +81,12 @@ def capture_rng() -> dict[str, object]:
 
 def restore_rng(saved: dict[str, object]) -> None:
     """Put back the states from :func:`capture_rng`, importing numpy.random if needed."""
-    # Through the generators themselves: `watching_seeds` wraps the module functions, and
-    # putting a state back for NBRewind is not the notebook seeding anything.
     if RANDOM in saved:
-        random._inst.setstate(saved[RANDOM])  # type: ignore[arg-type]
+        random.setstate(saved[RANDOM])  # type: ignore[arg-type]
     if NUMPY_RANDOM in saved:
         import numpy.random  # only reached when a saved numpy state exists
 
-        numpy.random.mtrand._rand.set_state(saved[NUMPY_RANDOM])  # type: ignore[arg-type]
+        numpy.random.set_state(saved[NUMPY_RANDOM])  # type: ignore[arg-type]
 
 
 # File tracking
@@ -268,8 +262,7 @@ def watching_seeds() -> Iterator[dict[str, bool]]:
 
     A cell that starts with `random.seed(k)` does not depend on the state it
     found, so that state is not an input of the cell. While the block runs,
-    `random.seed`/`setstate` and (if numpy is loaded) `numpy.random.seed`/`set_state`
-    are wrapped; the
+    `random.seed` and (if numpy is loaded) `numpy.random.seed` are wrapped; the
     originals are put back on exit. The yielded dict maps the RNG name to True
     when its first seeding happened before any draw.
     """
@@ -277,24 +270,21 @@ def watching_seeds() -> Iterator[dict[str, bool]]:
     start = rng_states()
     patched: list[tuple[Any, str, Any]] = []
 
-    def wrap(module: Any, attr: str, which: str) -> None:
-        original = getattr(module, attr)
+    def wrap(module: Any, which: str) -> None:
+        original = module.seed
 
         def seed(*args: Any, **kwargs: Any) -> Any:
             if which not in seeded:
                 seeded[which] = rng_states().get(which) == start.get(which)
             return original(*args, **kwargs)
 
-        setattr(module, attr, seed)
-        patched.append((module, attr, original))
+        module.seed = seed
+        patched.append((module, "seed", original))
 
-    # Setting a state is seeding it: what follows depends on the notebook, not on the past.
-    wrap(random, "seed", RANDOM)
-    wrap(random, "setstate", RANDOM)
+    wrap(random, RANDOM)
     np_random = sys.modules.get(NUMPY_RANDOM)
     if np_random is not None:
-        wrap(np_random, "seed", NUMPY_RANDOM)
-        wrap(np_random, "set_state", NUMPY_RANDOM)
+        wrap(np_random, NUMPY_RANDOM)
     try:
         yield seeded
     finally:

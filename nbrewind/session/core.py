@@ -91,8 +91,7 @@ class Session(RestoreMixin):
         self.last: LastCell | None = None
         self._pending_rng: dict[str, Entry] = {}
         self._rng_left: dict[str, str] = {}
-        """Key of each global RNG state as the last recorded or replayed cell left it: its
-        digest once the notebook seeded it (or set its state), else `hidden.UNSEEDED`."""
+        """Digest of each global RNG state as the last recorded or replayed cell left it."""
         self.writer = BackgroundWriter()
         self.committer = Committer(self.writer)
         self._task_cache: TaskCache | None = None
@@ -278,9 +277,8 @@ class Session(RestoreMixin):
             pending = self._pending_rng.get(name[5:])
             if pending is not None:
                 return pending.key
-            if name[5:] == hidden.NUMPY_RANDOM and hidden.NUMPY_RANDOM not in sys.modules:
-                return ABSENT
-            return self._rng_left.get(name[5:], hidden.UNSEEDED)
+            left = self._rng_left.get(name[5:])
+            return left if left is not None else hidden.rng_states().get(name[5:], ABSENT)
         if name.startswith("@file:"):
             return hidden.file_digest(self._abs(name[6:])) or ABSENT
         if name == "@cwd":
@@ -323,7 +321,7 @@ class Session(RestoreMixin):
         plan.rng_before = hidden.rng_states()
         # Between cells only the kernel's own threads run (distributed's, a thread a cell left
         # behind), whenever they get to it: a cell is keyed on the state the last cell left.
-        plan.rng_key_before = {which: self._rng_left.get(which, hidden.UNSEEDED) for which in plan.rng_before}
+        plan.rng_key_before = {which: self._rng_left.get(which, digest) for which, digest in plan.rng_before.items()}
         plan.env_before = hidden.env_snapshot()
         plan.cwd_before = os.getcwd()
         if plan.msg_id:
@@ -407,9 +405,8 @@ class Session(RestoreMixin):
                 if not plan.seeded.get(which):
                     inputs[f"@rng:{which}"] = digest
         for which, digest in rng_after.items():
-            # A state the notebook never seeded comes from the process's entropy: no fresh
-            # run can reproduce it, so no key names it (a seed makes every later key exact).
-            key = digest if which in plan.seeded or self._rng_left.get(which, hidden.UNSEEDED) != hidden.UNSEEDED else hidden.UNSEEDED
+            if which not in self._rng_left:
+                self._rng_left[which] = digest
             if plan.rng_before.get(which) != digest:
                 if which == hidden.RANDOM and plan.background_draws_only:
                     # Only distributed's own threads moved it (checkpoint/draws.py): not the
@@ -419,12 +416,12 @@ class Session(RestoreMixin):
                     # Consumed an existing state. A generator that only came into
                     # being in this cell (numpy imported) was not an input.
                     inputs[f"@rng:{which}"] = plan.rng_key_before[which]
-                self._rng_left[which] = key
+                self._rng_left[which] = digest
                 stored = stage_group(objects, {"state": saved[which]})
                 if isinstance(stored, Unserializable):
                     continue
                 staged.append(stored)
-                changed[f"@rng:{which}"] = Entry(stored.digest, HIDDEN, key, (), {"what": "rng", "rng": which})
+                changed[f"@rng:{which}"] = Entry(stored.digest, HIDDEN, digest, (), {"what": "rng", "rng": which})
                 written += stored.new_bytes
         world = self._world
         assert world is not None
@@ -590,7 +587,7 @@ class Session(RestoreMixin):
         self._advance_history(plan.code, count)
         duration = time.perf_counter() - started
         self.last = LastCell(count, "replayed", plan.reason, duration, 0, 0.0)
-        self._rng_left.update({which: entry.key for which, entry in self._pending_rng.items()})
+        self._rng_left = {**hidden.rng_states(), **self._rng_left, **{w: e.key for w, e in self._pending_rng.items()}}
         record = self._run_record(
             plan, count, "replayed", plan.reason, duration,
             status=run.status,

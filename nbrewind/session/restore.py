@@ -65,7 +65,6 @@ class RestoreMixin:
         for which, entry in list(self._pending_rng.items()):
             state = load_group(self.state.objects, entry.digest)["state"]
             hidden.restore_rng({which: state})
-            self._rng_left[which] = entry.key
             del self._pending_rng[which]
 
 

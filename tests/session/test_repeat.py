@@ -169,29 +169,6 @@ def test_draws_between_cells_do_not_change_the_next_cells_key(runner: Runner) ->
     assert decisions(outcomes) == ["R", "E", "E"]  # a cell that moves the state changes the key
 
 
-def test_an_unseeded_generator_is_no_input_but_seeding_it_is(runner: Runner) -> None:
-    # Never seeded, the state comes from the process's entropy: a fresh run cannot repeat it,
-    # so keying on it would only keep a cell (say, one where dask.sizeof samples) from replaying.
-    cells = ["import random", "x = random.random() < 2", "print(x)"]
-    runner.run(cells)
-    assert decisions(runner.run(cells, "repeat")) == ["R", "R", "R"]
-    seeded = ["import random\nrandom.seed(1)", "y = random.random()", "print(y)"]
-    runner.run(seeded)
-    assert decisions(runner.run(seeded, "repeat")) == ["R", "R", "R"]
-    # Dropping the seed, or setting another state, makes every later draw run again.
-    out = runner.run(["import random", "y = random.random()", "print(y)"], "repeat")
-    assert decisions(out)[1:] == ["E", "E"]
-    out = runner.run(["import random\nrandom.setstate(random.Random(7).getstate())", "y = random.random()", "print(y)"], "repeat")
-    assert decisions(out)[1:] == ["E", "E"]
-    assert runner.ns["y"] == random_after_state_7()
-
-
-def random_after_state_7() -> float:
-    import random
-
-    return random.Random(7).random()
-
-
 def test_the_checkpoint_after_a_restore_continues_from_the_restored_one(runner: Runner) -> None:
     runner.run(["x = 1", "x = 2", "x = 3"])
     assert runner.session is not None
