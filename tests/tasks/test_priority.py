@@ -416,4 +416,4 @@ def test_auto_priority_restores_what_it_patched() -> None:
         assert Future.result is original_result
         assert Client.gather is original_gather
         assert "result" not in vars(Future) or vars(Future)["result"] is original_result
-        assert not priority._auto_clients
+        assert not priority.auto._auto_clients

@@ -1,0 +1,57 @@
+"""Raise the priority of the Dask work a user is waiting for.
+
+A notebook user who asks for one piece of a large pending computation
+(``fut.result()``, ``x[150].compute()`` on a persisted array) would otherwise
+wait for everything submitted before it. :func:`prioritize` moves the requested
+keys, and every unfinished task they transitively wait on, ahead of all other
+work: on the scheduler (released, waiting, queued, no-worker and processing
+tasks, re-sorting the queue) and on the workers that already hold some of them
+(re-sorting their ready, constrained and fetch heaps).
+:func:`enable_auto_priority` does the same whenever a client blocks on pending
+futures.
+
+How a bump orders: distributed compares ``TaskState.priority`` tuples, lower
+first. A bumped task gets ``(-inf, -n, *original)`` where ``n`` counts bumps on
+that scheduler, so it sorts before every unbumped task, a later bump sorts
+before an earlier one, and tasks within one bump keep their original relative
+order (dependencies before dependents, as ``dask.order`` decided).
+
+The scheduler and worker sides are distributed plugins, registered through
+``Client.register_plugin``; they add one scheduler RPC handler and one worker
+stream handler. Their classes subclass distributed's plugin bases, so they are
+built on first use (see :func:`__getattr__`) to keep importing this module free
+of any dask import.
+
+The package: ``plugins`` (the scheduler and worker halves and how a bump orders),
+``client`` (:func:`prioritize` and the keys it targets), ``auto`` (bumps whenever a
+client blocks).
+"""
+
+from __future__ import annotations
+
+from nbrewind.tasks.priority.auto import enable_auto_priority
+from nbrewind.tasks.priority.client import install, prioritize
+from nbrewind.tasks.priority.plugins import (
+    ARRIVAL_WAIT,
+    PENDING_TTL,
+    PLUGIN_NAME,
+    SCHEDULER_OP,
+    WORKER_OP,
+    bump_head,
+    reheap,
+    strip_bump,
+)
+
+__all__ = [
+    "ARRIVAL_WAIT",
+    "PENDING_TTL",
+    "PLUGIN_NAME",
+    "SCHEDULER_OP",
+    "WORKER_OP",
+    "bump_head",
+    "enable_auto_priority",
+    "install",
+    "prioritize",
+    "reheap",
+    "strip_bump",
+]
