@@ -150,7 +150,10 @@ def cmd_pack(args: argparse.Namespace) -> int:
     print(f"packed {result.notebook}: {result.cell_runs} cell runs, {result.objects:,} objects, "
           f"{len(result.modules)} local modules; input data {data}")
     print(f"wrote {result.archive} ({result.archive_bytes:,} bytes; {result.bytes:,} unpacked)")
-    print(f"manifest sha256 {result.manifest_sha256} (trusted on this machine)")
+    print(f"manifest sha256 {result.manifest_sha256}" + (" (trusted on this machine)" if result.trusted else ""))
+    if not result.trusted:
+        print(f"warning: {result.notebook}'s store is not signed by you here, so the backpack is not trusted here "
+              f"either (run `jupyter nbrewind trust` on the store first if it is yours)", file=sys.stderr)
     return 0
 
 
@@ -185,7 +188,9 @@ def cmd_trust(args: argparse.Namespace) -> int:
         print(_json(result))
     else:
         verb = "trusted" if result.newly_trusted else "already trusted"
-        print(f"{verb}: {result.store} (manifest sha256 {result.manifest_sha256}; recorded in {result.trust_db})")
+        what = f"manifest sha256 {result.manifest_sha256}; " if result.manifest_sha256 else ""
+        refs = f"; {result.refs_signed} ref file(s) re-signed" if result.refs_signed else ""
+        print(f"{verb}: {result.store} ({what}signature recorded in {result.trust_db}{refs})")
     return 0
 
 
@@ -221,8 +226,9 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from nbrewind.run import run_notebook
+    from nbrewind.run import default_store, run_notebook
 
+    notice = None if args.kernel == "python3" else _trust_notice(Path(args.store) if args.store else default_store(Path(args.notebook)))
     result = run_notebook(
         args.notebook, kernel=args.kernel, store=args.store, output=args.output,
         timeout=args.timeout, allow_errors=args.allow_errors,
@@ -232,7 +238,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print(f"ran {result.notebook} on {args.kernel} in {result.seconds:.2f} s"
               + (f"; outputs in {result.output}" if result.output else ""))
+    if notice:
+        print(notice, file=sys.stderr)  # the kernel's own line may be lost among its log
     return 0
+
+
+def _trust_notice(store: Path) -> str | None:
+    """The kernel's message about a store this user has not signed, for the terminal
+    (None when it is trusted, new, or too damaged to tell: the kernel reports that)."""
+    from nbrewind.store.origin import store_trust, untrusted_message
+
+    try:
+        verdict = store_trust(store.resolve())
+    except NbrewindError:
+        return None
+    return None if verdict.trusted else untrusted_message(verdict)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -319,8 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_unpack)
 
-    p = sub.add_parser("trust", help="let the kernels load the checkpoints of an unpacked backpack")
-    p.add_argument("folder")
+    p = sub.add_parser("trust", help="let the kernels load a store you did not sign: an unpacked backpack or a copied store")
+    p.add_argument("folder", help="an unpacked backpack, its store, a store folder, or a folder holding one store")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_trust)
     return parser

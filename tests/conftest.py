@@ -1,7 +1,10 @@
 """Shared test setup.
 
 Every test gets its own store through NBREWIND_STORE so nothing is ever written
-into the repository, and kernels started by tests inherit it.
+into the repository, and kernels started by tests inherit it. The whole run signs
+stores with a trust database and secret of its own (NBREWIND_TRUST_DB), set before
+any fixture starts a kernel, a JupyterLab or a Dask cluster, so they all share it
+and nothing touches the user's trust database.
 """
 
 from __future__ import annotations
@@ -10,6 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_trust(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("trust") / "trust.db"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NBREWIND_TRUST_DB", str(path))
+        yield path
 
 
 @pytest.fixture(autouse=True)

@@ -27,7 +27,7 @@ from nbrewind.pack import env
 from nbrewind.pack.inputs import DataFile, code_cells, data_inputs, local_modules
 from nbrewind.pack.manifest import DATA_INDEX, MANIFEST_PATH, FileEntry, Manifest, layout_problems, yaml_records
 from nbrewind.store import Catalog, Store, is_digest
-from nbrewind.store.origin import record_trust
+from nbrewind.store.origin import is_trusted, sign_catalog
 from nbrewind.store.store import CATALOG_NAME, MARKER_NAME
 
 __all__ = ["FIXED_MTIME", "PackResult", "Progress", "pack"]
@@ -53,6 +53,8 @@ class PackResult:
     data_files: list[str] = field(default_factory=list)
     data_included: bool = False
     warnings: list[str] = field(default_factory=list)
+    trusted: bool = False
+    """Whether unpacking it here needs no ``trust`` (the packed store was signed by this user)."""
 
 
 Source = Path | bytes
@@ -71,8 +73,9 @@ def pack(
     """Pack ``notebook`` with its store (default ``<notebook>.nbrewind`` beside it).
 
     ``history="latest"`` keeps only the newest kernel session's cell runs and
-    what they reach. With ``trust`` the manifest digest is recorded in the local
-    trust database, so unpacking the backpack on this machine needs no ``trust``.
+    what they reach. With ``trust``, and when this user signed the store, the
+    packed catalog is signed beside this manifest, so unpacking the backpack here
+    needs no ``trust``; packing someone else's store never makes it trusted.
     """
     nb_path = Path(notebook).absolute()
     if not nb_path.is_file() or nb_path.suffix != ".ipynb":
@@ -97,7 +100,7 @@ def pack(
             f"nbrewind/{CATALOG_NAME}": catalog_copy,
         }
         for namespace in opened.objects.ref_namespaces():
-            for name, digest in opened.objects.iter_refs(namespace):
+            for name, digest in opened.objects.iter_refs(namespace, trusted_only=True):
                 roots.add(digest)
                 sources[f"nbrewind/refs/{namespace}/{name[:2]}/{name}"] = opened.objects.refs_dir / namespace / name[:2] / name
         objects = _reachable(opened, roots)
@@ -137,9 +140,10 @@ def pack(
             raise PackError("cannot pack: " + "; ".join(problems))
         manifest_bytes = manifest.to_bytes()
         _write_archive(out, manifest_bytes, sources, entries, progress)
-    digest = hashlib.sha256(manifest_bytes).hexdigest()
-    if trust:
-        record_trust(digest, f"packed here: {out}")
+        digest = hashlib.sha256(manifest_bytes).hexdigest()
+        trusted = trust and is_trusted(opened.root)
+        if trusted:
+            sign_catalog(catalog_copy, digest, f"packed here: {out}")
     return PackResult(
         archive=str(out),
         notebook=str(nb_path),
@@ -153,6 +157,7 @@ def pack(
         data_files=[d.path for d in data if not d.external],
         data_included=include_data,
         warnings=warnings,
+        trusted=trusted,
     )
 
 

@@ -30,7 +30,7 @@ from nbrewind.checkpoint.outputs import OutputCapture, decode_outputs, encode_ou
 from nbrewind.checkpoint.serialize import Unserializable, digest_value
 from nbrewind.checkpoint.values import stage_group, stage_json
 from nbrewind.checkpoint.world import WorldTracker
-from nbrewind.errors import NbrewindError
+from nbrewind.errors import NbrewindError, UntrustedStoreError
 from nbrewind.session import outside, policy, purity
 from nbrewind.session.plan import (
     ABSENT,
@@ -125,7 +125,9 @@ class Session(RestoreMixin):
     @property
     def store(self) -> Store:
         if self._store is None:
-            # An untrusted backpack raises UntrustedStoreError here: nothing is unpickled.
+            # A store this user has not signed raises UntrustedStoreError here, before
+            # it is opened: nothing in it is read, let alone unpickled, and no task
+            # interception starts, so no task result is loaded from it either.
             notice = check_store_origin(self.store_location())
             if notice:
                 self.notice(notice)
@@ -172,6 +174,10 @@ class Session(RestoreMixin):
             return False
         try:
             self.store
+        except UntrustedStoreError as exc:
+            self._store_failed = True
+            self.notice(str(exc))  # already says what happens and which command trusts the store
+            return False
         except (NbrewindError, OSError) as exc:
             self._store_failed = True
             self._warn(f"recording is off for this kernel: the store at {self.store_location()} cannot be used", exc)

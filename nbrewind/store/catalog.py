@@ -7,6 +7,11 @@ upgrading a read to a write). The schema is versioned in ``meta`` and upgraded
 by the numbered ``MIGRATIONS``; a catalog written by a newer NBRewind is refused
 rather than misread. JSON columns are encoded and decoded here so callers only
 see Python values.
+
+A writable catalog keeps itself signed for this user (``signing.CatalogSigner``):
+every row written through it moves the catalog's head, and every commit records
+the new head's signature in the trust database before it commits. ``signature``
+recomputes that signature from the rows, which is how a store is checked.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 from nbrewind.errors import ReadOnlyStoreError, SchemaTooNewError, StoreError, StoreFullError
 from nbrewind.store.digest import is_digest
 from nbrewind.store.schema import MIGRATIONS, SCHEMA_VERSION
+from nbrewind.store.signing import CatalogSigner, catalog_head, frame_digest, manifest_digest, store_signature, user_keys
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Catalog", "CellRun", "Checkpoint", "TaskLogEntry"]
 
@@ -114,6 +120,7 @@ class Catalog:
         self.readonly = readonly
         self._lock = threading.RLock()
         self._depth = 0
+        self._signer = None if readonly else CatalogSigner(self.path)
         if readonly and not self.path.is_file():
             raise StoreError(f"no catalog at {self.path}")
         try:
@@ -158,6 +165,12 @@ class Catalog:
     def _setup(self) -> None:
         try:
             self._setup_schema()
+            if self._signer is not None:
+                with self._lock:
+                    try:
+                        self._signer.attach(self._conn)
+                    except sqlite3.Error as exc:
+                        raise self._translate(exc) from exc
         except BaseException:
             self._conn.close()
             raise
@@ -183,6 +196,11 @@ class Catalog:
             with self.transaction():
                 version = self._schema_version()  # another process may have just migrated
                 self._refuse_newer(version)
+                if self._signer is not None and version < SCHEMA_VERSION:
+                    if version == 0 and not self._has_tables():
+                        self._signer.creating()
+                    else:
+                        self._signer.migrating()
                 for number in range(version, SCHEMA_VERSION):
                     for statement in _split_sql(MIGRATIONS[number]):
                         self._conn.execute(statement)
@@ -217,6 +235,11 @@ class Catalog:
         row = self._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         return int(row[0]) if row else 0
 
+    def _has_tables(self) -> bool:
+        return self._conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name != 'meta' LIMIT 1"
+        ).fetchone() is not None
+
     def _refuse_newer(self, version: int) -> None:
         if version > SCHEMA_VERSION:
             raise SchemaTooNewError(
@@ -241,23 +264,36 @@ class Catalog:
                 finally:
                     self._depth -= 1
                 return
+            signer = self._signer
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 raise self._translate(exc) from exc
             self._depth = 1
             try:
+                if signer is not None:
+                    signer.begin(self._conn)
                 yield
-            except BaseException:
+                if signer is not None:
+                    signer.before_commit(self._conn)
+            except BaseException as exc:
                 self._depth = 0
                 self._conn.execute("ROLLBACK")
+                if signer is not None:
+                    signer.end(committed=False)
+                if isinstance(exc, sqlite3.Error):
+                    raise self._translate(exc) from exc
                 raise
             self._depth = 0
             try:
                 self._conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 self._conn.execute("ROLLBACK")
+                if signer is not None:
+                    signer.end(committed=False)
                 raise self._translate(exc) from exc
+            if signer is not None:
+                signer.end(committed=True)
 
     def _write(self, sql: str, params: Iterable[Any] = ()) -> sqlite3.Cursor:
         with self.transaction():
@@ -289,6 +325,31 @@ class Catalog:
         """The schema version stored in the catalog."""
         with self._lock:
             return self._schema_version()
+
+    # -- signature ---------------------------------------------------------------
+
+    def signature(self) -> str:
+        """This user's signature of what the catalog holds now: its rows, schema and
+        ``meta``, and the backpack manifest beside it. Reads every row, once; the store
+        is trusted when this signature is in the trust database."""
+        return self.signature_with(manifest_digest(self.path.parent))
+
+    def signature_with(self, manifest_sha256: str | None) -> str:
+        """`signature` as if the backpack manifest beside it had this SHA-256 (None: none)."""
+        keys = user_keys()
+        with self._lock:
+            try:
+                if self._depth:  # inside our own transaction: already one snapshot
+                    head, frame = catalog_head(self._conn, keys.rows), frame_digest(self._conn)
+                else:
+                    self._conn.execute("BEGIN")  # one snapshot for the rows and the frame
+                    try:
+                        head, frame = catalog_head(self._conn, keys.rows), frame_digest(self._conn)
+                    finally:
+                        self._conn.execute("ROLLBACK")
+            except sqlite3.Error as exc:
+                raise self._translate(exc) from exc
+        return store_signature(keys, head, frame, manifest_sha256)
 
     # -- cell runs ---------------------------------------------------------------
 

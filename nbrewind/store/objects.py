@@ -36,6 +36,7 @@ from nbrewind.errors import (
 from nbrewind.store import frame
 from nbrewind.store.digest import DIGEST_LENGTH, digest_bytes, is_digest
 from nbrewind.store.fsio import TEMP_PREFIX, atomic_write, fsync_dir
+from nbrewind.store.signing import encode_ref, read_ref, ref_digest
 
 __all__ = ["BLOB_CHUNK_SIZE", "TREE_MAGIC", "Buffer", "ObjectStore"]
 
@@ -486,22 +487,27 @@ class ObjectStore:
         return self.refs_dir / namespace / name[:2] / name
 
     def ref_set(self, namespace: str, name: str, digest: str) -> None:
-        """Point ``namespace/name`` at ``digest``, atomically (the last writer wins)."""
+        """Point ``namespace/name`` at ``digest``, atomically (the last writer wins).
+
+        The file carries this user's MAC of (namespace, name, digest): refs are not
+        catalog rows, so the catalog's signature does not cover them."""
         self._check_writable()
         if not is_digest(digest):
             raise ValueError(f"{digest!r} is not a digest")
-        atomic_write(self._ref_path(namespace, name), (f"{digest}\n".encode("ascii"),), mode=0o644)
+        atomic_write(self._ref_path(namespace, name), (encode_ref(namespace, name, digest),), mode=0o644)
 
     def ref_get(self, namespace: str, name: str) -> str | None:
-        """The digest ``namespace/name`` points at, or None."""
+        """The digest ``namespace/name`` points at, or None: also when its MAC is not
+        this user's (a ref someone else wrote or forged is a miss, never loaded)."""
         path = self._ref_path(namespace, name)
         try:
-            text = path.read_text("ascii", errors="replace").strip()
+            raw = path.read_bytes()
         except FileNotFoundError:
             return None
-        if not is_digest(text):
+        digest, trusted = read_ref(self.root, namespace, name, raw)
+        if digest is None:
             raise CorruptObjectError(f"ref file {path} does not hold a digest; delete it")
-        return text
+        return digest if trusted else None
 
     def ref_delete(self, namespace: str, name: str) -> bool:
         """Remove a ref; return whether it existed."""
@@ -519,8 +525,9 @@ class ObjectStore:
         except FileNotFoundError:
             return []
 
-    def iter_refs(self, namespace: str) -> Iterator[tuple[str, str]]:
-        """``(name, digest)`` for every ref in ``namespace``; damaged ref files are skipped."""
+    def iter_refs(self, namespace: str, *, trusted_only: bool = False) -> Iterator[tuple[str, str]]:
+        """``(name, digest)`` for every ref in ``namespace``; damaged ref files are
+        skipped, and with ``trusted_only`` those ``ref_get`` would not return."""
         base = self.refs_dir / namespace
         self._ref_path(namespace, "x")  # validates the namespace
         for folder, _, files in os.walk(base):
@@ -528,8 +535,9 @@ class ObjectStore:
                 if name.startswith(".") or not _REF_NAME_RE.fullmatch(name):
                     continue
                 try:
-                    text = (Path(folder) / name).read_text("ascii", errors="replace").strip()
+                    raw = (Path(folder) / name).read_bytes()
                 except FileNotFoundError:
                     continue  # deleted while we listed
-                if is_digest(text):
-                    yield name, text
+                digest, trusted = read_ref(self.root, namespace, name, raw) if trusted_only else (ref_digest(raw), True)
+                if digest is not None and trusted:
+                    yield name, digest

@@ -1,42 +1,50 @@
-"""Where a store came from, and whether this machine trusts it.
+"""Where a store came from, and whether this user trusts it.
 
-Loading a checkpoint unpickles it, and unpickling runs code. A store created
-(or packed) on this machine is trusted. A store unpacked from a backpack holds
-the backpack's ``manifest.json`` at its root; it is trusted only once the
-SHA-256 of that manifest has been recorded in the local trust database, the
-way Jupyter trusts notebooks by signature (``jupyter nbrewind trust DIR``).
+Loading a checkpoint unpickles it, and unpickling runs code. As Jupyter does
+with notebooks, a store is trusted only when the trust database holds this
+user's signature of what the store holds now (see ``nbrewind.store.signing``):
+our kernels and CLI sign every commit, and ``jupyter nbrewind trust`` signs a
+store someone else made. A store copied from another user, unpacked from a
+backpack packed elsewhere, edited outside NBRewind, or made by an NBRewind that
+did not sign stores is untrusted until the user trusts it; no file's presence
+or absence changes that.
 
 The trust database is SQLite at ``NBREWIND_TRUST_DB`` if set, else
-``<jupyter data dir>/nbrewind/trust.db``. This module lives in the store layer
-so that the session can ask before it opens a store; ``nbrewind.pack`` builds
-on it.
+``<jupyter data dir>/nbrewind/trust.db``; the secret sits beside it. This
+module lives in the store layer so that the session can ask before it opens a
+store; ``nbrewind.pack`` builds on it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import os
 import platform
 import re
-import sqlite3
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from nbrewind.errors import UntrustedStoreError
+from nbrewind.errors import StoreError, UntrustedStoreError
+from nbrewind.store.catalog import Catalog
+from nbrewind.store.signing import MANIFEST_NAME, manifest_digest, signature_db, trust_db_path
+from nbrewind.store.store import CATALOG_NAME, MARKER_NAME
 
 __all__ = [
     "BACKPACK_DIR",
     "MANIFEST_NAME",
+    "StoreTrust",
     "check_store_origin",
     "environment_differences",
     "is_trusted",
     "manifest_digest",
-    "record_trust",
+    "sign_catalog",
+    "sign_store",
+    "store_trust",
     "trust_db_path",
+    "trust_target",
+    "untrusted_message",
 ]
 
-MANIFEST_NAME = "manifest.json"
 BACKPACK_DIR = "backpack"
 REQUIREMENTS_PATH = f"{BACKPACK_DIR}/software/requirements.txt"
 
@@ -44,87 +52,82 @@ _REQUIREMENT_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$")
 _PYTHON_RE = re.compile(r"^#\s*python\s*[:=]?\s*(\d+\.\d+)")
 
 
-def trust_db_path() -> Path:
-    """The trust database: ``NBREWIND_TRUST_DB``, else under the Jupyter data dir."""
-    explicit = os.environ.get("NBREWIND_TRUST_DB")
-    if explicit:
-        return Path(explicit).expanduser()
-    from jupyter_core.paths import jupyter_data_dir
+@dataclass(frozen=True)
+class StoreTrust:
+    """Whether this user trusts the store at ``root``, and why."""
 
-    return Path(jupyter_data_dir()) / "nbrewind" / "trust.db"
-
-
-def manifest_digest(store_root: str | os.PathLike[str]) -> str | None:
-    """SHA-256 hex of the backpack manifest at the store's root, or None for a
-    store that did not come from a backpack."""
-    path = Path(store_root) / MANIFEST_NAME
-    try:
-        data = path.read_bytes()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return hashlib.sha256(data).hexdigest()
+    root: str
+    trusted: bool
+    signature: str | None
+    """This user's signature of the store's current content (None when it has no catalog)."""
+    manifest_sha256: str | None
+    reason: str
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA busy_timeout = 10000")
-    conn.execute("CREATE TABLE IF NOT EXISTS trusted (digest TEXT PRIMARY KEY, source TEXT, added REAL NOT NULL)")
-    return conn
+def store_trust(store_root: str | os.PathLike[str]) -> StoreTrust:
+    """Check the store at ``store_root`` against the trust database. Reads every
+    catalog row once and unpickles nothing.
 
-
-def _digest_trusted(digest: str) -> bool:
-    path = trust_db_path()
-    if not path.is_file():
-        return False
-    try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-        try:
-            row = conn.execute("SELECT 1 FROM trusted WHERE digest = ?", (digest,)).fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return False  # an unreadable database trusts nothing
-    return row is not None
-
-
-def record_trust(digest: str, source: str = "") -> bool:
-    """Record a manifest digest as trusted; return False if it already was."""
-    if not re.fullmatch(r"[0-9a-f]{64}", digest):
-        raise ValueError(f"{digest!r} is not a SHA-256 hex digest")
-    path = trust_db_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    conn = _connect(path)
-    try:
-        cursor = conn.execute(
-            "INSERT OR IGNORE INTO trusted (digest, source, added) VALUES (?, ?, ?)", (digest, source, time.time())
+    A folder that is not a store yet, or a store without a catalog, holds nothing
+    that could be loaded (refs need a valid MAC) and counts as trusted: whatever is
+    recorded there from now on is signed as it is written."""
+    root = Path(store_root).absolute()
+    manifest = manifest_digest(root)
+    if not (root / MARKER_NAME).is_file() or not (root / CATALOG_NAME).is_file():
+        return StoreTrust(str(root), True, None, manifest, "nothing recorded yet")
+    with Catalog(root / CATALOG_NAME, readonly=True) as catalog:
+        signature = catalog.signature()
+    if signature_db().has(signature):
+        return StoreTrust(str(root), True, signature, manifest, "signed by this user")
+    if manifest is not None:
+        reason = (
+            f"it was unpacked from a backpack (manifest sha256 {manifest[:16]}...) that this machine has not trusted, "
+            f"or changed since"
         )
-        return cursor.rowcount > 0
-    finally:
-        conn.close()
+    else:
+        reason = (
+            "it was written by another user or on another machine, copied from elsewhere, changed outside "
+            "NBRewind, or made by an NBRewind that did not sign its stores"
+        )
+    return StoreTrust(str(root), False, signature, manifest, reason)
 
 
 def is_trusted(store_root: str | os.PathLike[str]) -> bool:
-    """True for a store made here (no backpack manifest) or a backpack whose
-    manifest digest is in the trust database."""
-    digest = manifest_digest(store_root)
-    return digest is None or _digest_trusted(digest)
+    """True when this user signed (or trusted) the store's current content."""
+    try:
+        return store_trust(store_root).trusted
+    except StoreError:
+        return False  # a damaged catalog trusts nothing
+
+
+def trust_target(store_root: str | os.PathLike[str]) -> Path:
+    """What to name in `jupyter nbrewind trust ...` for this store: the unpacked
+    backpack's folder, or the store itself."""
+    root = Path(store_root).absolute()
+    if (root / MANIFEST_NAME).is_file() and root.name.endswith(".nbrewind"):
+        return root.parent
+    return root
+
+
+def untrusted_message(verdict: StoreTrust) -> str:
+    """What to tell the user about an untrusted store, naming the command that trusts it."""
+    return (
+        f"NBRewind: the store at {verdict.root} is not signed by you: {verdict.reason}. Nothing is loaded from it "
+        f"and nothing is recorded in it; every cell runs as on a plain kernel. If you trust where it came from, "
+        f"run `jupyter nbrewind trust {trust_target(verdict.root)}` and restart the kernel"
+    )
 
 
 def check_store_origin(store_root: str | os.PathLike[str]) -> str | None:
-    """Raise UntrustedStoreError for an untrusted backpack store (saying how to
+    """Raise UntrustedStoreError for a store this user has not signed (saying how to
     trust it); for a trusted backpack return a notice listing environment
     differences, if any; None otherwise. Reads nothing that could run code."""
     root = Path(store_root)
-    digest = manifest_digest(root)
-    if digest is None:
+    verdict = store_trust(root)
+    if not verdict.trusted:
+        raise UntrustedStoreError(untrusted_message(verdict))
+    if verdict.manifest_sha256 is None:
         return None
-    if not _digest_trusted(digest):
-        folder = root.parent if root.name.endswith(".nbrewind") else root
-        raise UntrustedStoreError(
-            f"the store at {root} was unpacked from a backpack (manifest sha256 {digest[:16]}...) that this "
-            f"machine has not trusted, so nothing in it is unpickled and cells run normally without recording. "
-            f"If you trust its author, run `jupyter nbrewind trust {folder}` and restart the kernel"
-        )
     try:
         text = (root / REQUIREMENTS_PATH).read_text("utf-8")
     except (OSError, UnicodeDecodeError):
@@ -137,6 +140,35 @@ def check_store_origin(store_root: str | os.PathLike[str]) -> str | None:
         f"NBRewind: this backpack was recorded with other package versions ({shown}). Cells still replay "
         f"from their checkpoints; cells that run may behave differently. See {root / REQUIREMENTS_PATH}"
     )
+
+
+def sign_store(store_root: str | os.PathLike[str], source: str = "") -> tuple[str, bool]:
+    """Trust the store's current content: record this user's signature of it (and,
+    for an unpacked backpack, accept the ref files its manifest lists). Returns the
+    signature and whether it is new. Callers verify the content first."""
+    root = Path(store_root).absolute()
+    if not (root / CATALOG_NAME).is_file():
+        raise StoreError(f"{root} has no catalog ({CATALOG_NAME}), so there is nothing to trust")
+    with Catalog(root / CATALOG_NAME, readonly=True) as catalog:
+        signature = catalog.signature()
+    db = signature_db()
+    newly = db.add(signature, str(root))
+    manifest = manifest_digest(root)
+    if manifest is not None:
+        db.add_manifest(manifest, source or str(root))
+    return signature, newly
+
+
+def sign_catalog(catalog_path: str | os.PathLike[str], manifest_sha256: str, store_label: str) -> str:
+    """Sign a catalog as it will be found beside the backpack manifest with this
+    SHA-256 (what ``pack`` does for a backpack of a trusted store, so unpacking it
+    here needs no ``trust``), and accept the ref files that manifest lists."""
+    with Catalog(Path(catalog_path), readonly=True) as catalog:
+        signature = catalog.signature_with(manifest_sha256)
+    db = signature_db()
+    db.add(signature, store_label)
+    db.add_manifest(manifest_sha256, store_label)
+    return signature
 
 
 def _normalize(name: str) -> str:

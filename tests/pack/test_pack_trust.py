@@ -1,5 +1,5 @@
-"""Trust: local stores are trusted, unpacked backpacks only after `trust`, and the
-check the kernels make (check_store_origin) refuses or warns accordingly."""
+"""Trust: stores this user signed are trusted, unpacked backpacks only after `trust`,
+and the check the kernels make (check_store_origin) refuses or warns accordingly."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from nbrewind.errors import PackError, UntrustedStoreError
 from nbrewind.pack import is_trusted, pack, trust, unpack
-from nbrewind.store.origin import check_store_origin, environment_differences, manifest_digest, record_trust
+from nbrewind.store.origin import check_store_origin, environment_differences
 
 
 @pytest.fixture
@@ -31,14 +31,16 @@ def test_local_store_is_trusted_and_unpacked_one_is_not(project: tuple[Path, dic
         check_store_origin(store)
 
 
-def test_trust_records_the_manifest_digest(unpacked: Path, trust_db: Path) -> None:
+def test_trust_records_a_signature_of_the_store(unpacked: Path, trust_db: Path) -> None:
     result = trust(unpacked)
     assert result.newly_trusted and Path(result.trust_db) == trust_db
     store = unpacked / "nb.ipynb.nbrewind"
     assert is_trusted(store) and check_store_origin(store) is None
     conn = sqlite3.connect(trust_db)
     try:
-        assert conn.execute("SELECT digest FROM trusted").fetchall() == [(result.manifest_sha256,)]
+        rows = conn.execute("SELECT signature FROM signatures WHERE store = ?", (str(store),)).fetchall()
+        assert rows == [(result.signature,)]  # the packed project's own store has signatures too
+        assert conn.execute("SELECT sha256 FROM manifests").fetchall() == [(result.manifest_sha256,)]
     finally:
         conn.close()
     assert not trust(store).newly_trusted  # the store folder names the same backpack
@@ -71,10 +73,8 @@ def test_environment_differences() -> None:
 
 def test_trusted_backpack_from_another_environment_warns(unpacked: Path) -> None:
     store = unpacked / "nb.ipynb.nbrewind"
+    trust(unpacked)
     requirements = store / "backpack" / "software" / "requirements.txt"
     requirements.write_text(requirements.read_text() + "zstandard==0.0.1\n")
-    digest = manifest_digest(store)
-    assert digest is not None
-    record_trust(digest, "test")
     notice = check_store_origin(store)
     assert notice is not None and "zstandard: backpack 0.0.1" in notice and "still replay" in notice
