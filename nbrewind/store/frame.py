@@ -29,6 +29,7 @@ __all__ = [
     "decompress",
     "encode",
     "encode_header",
+    "plausible_size",
 ]
 
 MAGIC = b"NBRO"
@@ -67,8 +68,10 @@ def encode_header(codec: int, kind: int) -> bytes:
 
 def decode_header(raw: bytes) -> FrameHeader | None:
     """Decode the first 8 bytes of an object file; None when they are not a valid
-    header (truncated file, foreign file, unknown codec or version)."""
-    if len(raw) < HEADER_SIZE or raw[:4] != MAGIC or raw[4] != FORMAT_VERSION:
+    header (truncated file, foreign file, unknown codec or version, or a reserved
+    byte that is not zero). Every one of the 8 bytes is checked, so a bit flip
+    anywhere in the header is detected."""
+    if len(raw) < HEADER_SIZE or raw[:4] != MAGIC or raw[4] != FORMAT_VERSION or raw[7] != 0:
         return None
     codec, kind = raw[5], raw[6]
     if codec not in (CODEC_RAW, CODEC_ZSTD) or kind not in (KIND_LEAF, KIND_TREE):
@@ -119,9 +122,35 @@ def encode(view: memoryview, level: int) -> tuple[int, bytes | memoryview]:
     return CODEC_ZSTD, packed
 
 
+# A zstd block holds at most 128 KiB and takes at least 4 bytes (an RLE block), so no
+# frame decodes to more than this many bytes per payload byte.
+_MAX_RATIO = 128 * 1024 // 4
+
+
 def decompress(payload: bytes) -> bytes:
-    """Decode a zstd payload; raises ``zstandard.ZstdError`` on a damaged frame."""
-    return zstandard.ZstdDecompressor().decompress(payload)
+    """Decode a zstd payload; raises ``zstandard.ZstdError`` on a damaged frame.
+
+    The size the frame header declares is checked against what a payload this
+    long can possibly decode to before anything is allocated: a bit flip in that
+    field would otherwise ask for terabytes and end in a MemoryError.
+    """
+    declared = zstandard.frame_content_size(payload)
+    if not plausible_size(declared, len(payload)):
+        raise zstandard.ZstdError(f"the frame declares {declared} bytes, more than {len(payload)} bytes can hold")
+    return _decompressor().decompress(payload)
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    # Making a decompression context costs more than decoding a small object.
+    decompressor: zstandard.ZstdDecompressor | None = getattr(_local, "decompressor", None)
+    if decompressor is None:
+        decompressor = _local.decompressor = zstandard.ZstdDecompressor()
+    return decompressor
+
+
+def plausible_size(declared: int, payload_size: int) -> bool:
+    """Whether a zstd payload of ``payload_size`` bytes can decode to ``declared`` bytes."""
+    return 0 <= declared <= _MAX_RATIO * payload_size
 
 
 def content_size(codec: int, stored_size: int, payload_head: bytes) -> int | None:
