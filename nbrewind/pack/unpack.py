@@ -5,6 +5,11 @@ Everything is extracted into a temporary folder beside the destination; only
 when every entry matched the manifest and the store verified is it renamed to
 the destination. Any failure removes the temporary folder, so nothing partial
 is ever visible and nothing is written outside the destination's parent.
+
+A backpack holds one store, its own, at ``nbrewind/``. One that carries anything
+store-like elsewhere (a store marker or catalog file, or a ``.nbrewind`` /
+``*.nbrewind`` folder, say under ``data/``) is refused before anything is
+written: a kernel pointed at that folder would otherwise take it for a store.
 """
 
 from __future__ import annotations
@@ -22,10 +27,13 @@ from nbrewind.pack.manifest import FileEntry, Manifest, working_path
 from nbrewind.pack.reader import Progress, scan_archive
 from nbrewind.pack.verify import check_store
 from nbrewind.store.origin import MANIFEST_NAME, REQUIREMENTS_PATH, environment_differences, is_trusted
+from nbrewind.store.store import CATALOG_NAME, MARKER_NAME
 
 __all__ = ["UnpackResult", "default_destination", "unpack"]
 
 _SUFFIXES = (".tar.zst", ".tzst")
+_STORE_FILES = frozenset({MARKER_NAME, CATALOG_NAME, *(CATALOG_NAME + s for s in ("-wal", "-shm", "-journal"))})
+_OWN_STORE_FILES = frozenset({f"nbrewind/{MARKER_NAME}", f"nbrewind/{CATALOG_NAME}"})
 
 
 @dataclass(frozen=True)
@@ -75,10 +83,33 @@ def unpack(
     return result
 
 
+def smuggled_stores(manifest: Manifest) -> list[str]:
+    """Archive paths that are, or lie in, a store other than the backpack's own:
+    store marker and catalog files anywhere but at ``nbrewind/``, and anything in a
+    ``.nbrewind`` or ``*.nbrewind`` folder other than the unpacked store itself."""
+    found = []
+    for entry in manifest.files:
+        if entry.path in _OWN_STORE_FILES:
+            continue
+        parts = working_path(entry.path, manifest.notebook).split("/")
+        folders = parts[1:-1] if parts[0] == manifest.store_dir else parts[:-1]
+        if parts[-1] in _STORE_FILES or any(f == ".nbrewind" or f.endswith(".nbrewind") for f in folders):
+            found.append(entry.path)
+    return found
+
+
 def _unpack_into(source: Path, staging: Path, target: Path, progress: Progress | None) -> UnpackResult:
     seen: list[Manifest] = []
 
     def on_manifest(manifest: Manifest) -> None:
+        smuggled = smuggled_stores(manifest)
+        if smuggled:
+            shown = ", ".join(smuggled[:5]) + (f" and {len(smuggled) - 5} more" if len(smuggled) > 5 else "")
+            raise PackError(
+                f"{source} carries a store besides its own ({shown}); a backpack's only store is nbrewind/, and a "
+                f"kernel pointed at a second one would load it. Nothing was unpacked; ask its author to pack again "
+                f"without it"
+            )
         free = shutil.disk_usage(staging).free
         if manifest.total_size > free:
             raise PackError(f"the backpack needs {manifest.total_size:,} bytes and only {free:,} are free")
@@ -94,8 +125,8 @@ def _unpack_into(source: Path, staging: Path, target: Path, progress: Progress |
         raise PackError(f"{source} does not verify, nothing was unpacked:\n  " + "\n  ".join(scan.problems))
     manifest = scan.manifest
     store = staging / manifest.store_dir
-    # The manifest at the store's root marks the store as unpacked from a
-    # backpack: untrusted until its digest is trusted (nbrewind.store.origin).
+    # The manifest at the store's root is part of what a store signature covers
+    # (nbrewind.store.signing): the store is trusted once it is signed with it.
     (store / MANIFEST_NAME).write_bytes(scan.manifest_bytes)
     problems = check_store(store)
     if problems:
