@@ -13,7 +13,7 @@ import functools
 import json
 import struct
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,10 +91,15 @@ def load_group(objects: ObjectStore, digest: str) -> dict[str, object]:
     return unpickle_group(stream, buffers, adopt=allocate is not None)
 
 
-def stage_json(objects: ObjectStore, doc: Mapping[str, Any]) -> StagedBlob:
+def stage_json(objects: ObjectStore, doc: Mapping[str, Any], children: Iterable[str] = ()) -> StagedBlob:
     """A small JSON document (a module reference, an Unserializable record), staged as a
-    childless tree so it is written with the rest of its checkpoint."""
-    return objects.stage_tree([], json.dumps(doc, sort_keys=True).encode())
+    tree so it is written with the rest of its checkpoint.
+
+    `children` are the digests the document refers to (a rebuild record's pre-cell
+    state, that state's values): as the tree's children they are what gc keeps,
+    du counts, verify checks and pack ships. They must be committed before it.
+    """
+    return objects.stage_tree(sorted(set(children)), json.dumps(doc, sort_keys=True).encode())
 
 
 def load_json(objects: ObjectStore, digest: str) -> dict[str, Any]:

@@ -48,7 +48,7 @@ from nbrewind.session.restore import RestoreMixin
 from nbrewind.session.state import HIDDEN, Entry, LiveState
 from nbrewind.session.writer import BackgroundWriter
 from nbrewind.store import Store, resolve_store_path
-from nbrewind.store.digest import digest_bytes
+from nbrewind.store.digest import digest_bytes, is_digest
 from nbrewind.store.origin import check_store_origin
 from nbrewind.tasks.cache import TaskCache
 from nbrewind.tasks.intercept import intercepting
@@ -379,7 +379,8 @@ class Session(RestoreMixin):
         def rebuild_context() -> dict[str, Any]:
             # How to make an unstorable value again: this cell's code and the state it started from.
             if not context_docs:
-                context_docs.append(stage_json(objects, {"entries": before}))
+                stored = (digest for digest, _ in before.values() if is_digest(digest))
+                context_docs.append(stage_json(objects, {"entries": before}, stored))
             return {"code": plan.transformed, "parent_entries": context_docs[0].digest}
 
         result = state.checkpoint(ns, user, candidates, unserializable_context=rebuild_context)

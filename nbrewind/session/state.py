@@ -246,7 +246,10 @@ class LiveState:
             result: StagedGroup | Unserializable = reason if reason is not None else stage_group(self.objects, {n: value})
             if isinstance(result, Unserializable):
                 record = {"type": result.type_name, "reason": result.reason, **(context() if context else {})}
-                staged_doc = stage_json(self.objects, record)
+                parent = record.get("parent_entries")
+                # The pre-cell state is the record's child, not only a digest in its JSON:
+                # gc, du, verify and pack follow it.
+                staged_doc = stage_json(self.objects, record, [parent] if parent else ())
                 self._staged.append(staged_doc)
                 entry = Entry(
                     staged_doc.digest,
