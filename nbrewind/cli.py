@@ -93,7 +93,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
             print(f"jupyter nbrewind verify: {target} is neither a store nor an unpacked backpack", file=sys.stderr)
             return 1
         args.store = str(target)
-    with _open_store(args) as store:
+    from nbrewind.errors import ReadOnlyStoreError
+
+    try:
+        opened = _open_store(args, readonly=False)  # writable, so damaged files are moved aside
+    except ReadOnlyStoreError:
+        opened = _open_store(args)
+    with opened as store:
         report = verify_store(store)
     if args.json:
         print(_json(report))
@@ -102,6 +108,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             print(f"corrupt: {bad.digest}: {bad.problem}")
         for digest in report.missing:
             print(f"missing: {digest} (referenced but not in the store)")
+        for broken in report.broken:
+            print(f"broken: {broken.message}")
         state = "ok" if report.ok else f"{len(report.corrupt)} corrupt, {len(report.missing)} missing"
         print(f"checked {report.checked:,} objects in {store.root}: {state}")
     return 0 if report.ok else 1

@@ -22,11 +22,11 @@ from typing import BinaryIO
 import zstandard
 
 from nbrewind._version import __version__
-from nbrewind.errors import CorruptObjectError, NotATreeError, ObjectNotFoundError, PackError
+from nbrewind.errors import PackError
 from nbrewind.pack import env
 from nbrewind.pack.inputs import DataFile, code_cells, data_inputs, local_modules
 from nbrewind.pack.manifest import DATA_INDEX, MANIFEST_PATH, FileEntry, Manifest, layout_problems, yaml_records
-from nbrewind.store import Catalog, Store, is_digest
+from nbrewind.store import Catalog, Record, Store, records, walk
 from nbrewind.store.origin import is_trusted, sign_catalog
 from nbrewind.store.store import CATALOG_NAME, MARKER_NAME
 
@@ -93,7 +93,7 @@ def pack(
         _copy_catalog(opened.catalog.path, catalog_copy, history)
         with Catalog(catalog_copy, readonly=True) as kept:
             runs = kept.cell_runs()
-            roots = set(kept.referenced_digests())
+            roots = records(kept, opened.objects)  # the kept history's records and every ref file
             workers = [t.worker or "" for t in kept.task_log()]
         sources: dict[str, Source] = {
             f"nbrewind/{MARKER_NAME}": opened.root / MARKER_NAME,
@@ -101,7 +101,6 @@ def pack(
         }
         for namespace in opened.objects.ref_namespaces():
             for name, digest in opened.objects.iter_refs(namespace, trusted_only=True):
-                roots.add(digest)
                 sources[f"nbrewind/refs/{namespace}/{name[:2]}/{name}"] = opened.objects.refs_dir / namespace / name[:2] / name
         objects = _reachable(opened, roots)
         for digest in objects:
@@ -197,26 +196,23 @@ def _prune_to_latest(db: sqlite3.Connection) -> None:
         db.execute(statement, params)
 
 
-def _reachable(store: Store, roots: set[str]) -> list[str]:
-    """Every object the roots reach through trees, each verified; a missing or
-    damaged object stops the pack (the backpack would not replay)."""
-    objects = store.objects
-    seen: set[str] = set()
-    stack = sorted(d for d in roots if is_digest(d))
-    while stack:
-        digest = stack.pop()
-        if digest in seen:
-            continue
-        seen.add(digest)
-        try:
-            objects.verify(digest)
-            if objects.is_tree(digest):
-                stack.extend(objects.get_tree(digest)[0])
-        except (ObjectNotFoundError, CorruptObjectError, NotATreeError) as exc:
-            raise PackError(
-                f"the store at {store.root} cannot be packed: {exc}. Run `jupyter nbrewind verify {store.root}`"
-            ) from exc
-    return sorted(seen)
+def _reachable(store: Store, roots: list[Record]) -> list[str]:
+    """Every object the records reach (the same walk as gc and verify), each
+    verified; a missing or damaged object stops the pack (the backpack would not
+    replay), naming the record it breaks."""
+    reached = walk(store.objects, (r.digest for r in roots), verify=True)
+    if reached.problems:
+        broken = next(r for r in roots if reached.problems_below(r.digest))
+        digest = sorted(reached.problems_below(broken.digest))[0]
+        what = f"{broken.kind} record" + (f" {broken.name!r}" if broken.name else "")
+        if broken.cell_run_id is not None:
+            what += f" of cell run #{broken.cell_run_id}"
+        raise PackError(
+            f"the store at {store.root} cannot be packed: {len(reached.problems)} object(s) are missing or "
+            f"damaged; the {what} reaches {digest} ({reached.problems[digest]}). "
+            f"Run `jupyter nbrewind verify {store.root}` for every broken record and what repairs it"
+        )
+    return sorted(reached.children)
 
 
 def _data_yml(data: list[DataFile], include: bool, in_workflow: set[str]) -> str:

@@ -117,8 +117,9 @@ def _sha256(path: Path) -> str:
 
 def check_store(store_root: Path) -> list[str]:
     """Problems of a store that came from a backpack: a catalog that is damaged
-    or carries triggers or views (SQL that would run on our writes), and objects
-    that are corrupt or referenced but missing."""
+    or carries triggers or views (SQL that would run on our writes), objects
+    that are corrupt or referenced but missing, and the records (cell runs,
+    rebuild records, task results) those break."""
     problems: list[str] = []
     catalog = store_root / CATALOG_NAME
     try:
@@ -142,4 +143,5 @@ def check_store(store_root: Path) -> list[str]:
         return problems
     problems.extend(f"object {bad.digest}: {bad.problem}" for bad in report.corrupt)
     problems.extend(f"object {digest}: referenced but missing" for digest in report.missing)
+    problems.extend(f"record: {broken.message}" for broken in report.broken)
     return problems

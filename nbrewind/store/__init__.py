@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from nbrewind.store.catalog import Catalog, CellRun, Checkpoint, TaskLogEntry
 from nbrewind.store.digest import digest_bytes, is_digest, new_hasher
-from nbrewind.store.maintenance import CorruptObject, DuReport, GcReport, VerifyReport, du, gc, verify_store
+from nbrewind.store.maintenance import BrokenRecord, CorruptObject, DuReport, GcReport, VerifyReport, du, gc, verify_store
 from nbrewind.store.objects import BLOB_CHUNK_SIZE, ObjectStore
 from nbrewind.store.store import Store, resolve_store_path
+from nbrewind.store.walk import Record, Walk, records, walk
 
 __all__ = [
     "BLOB_CHUNK_SIZE",
+    "BrokenRecord",
     "Catalog",
     "CellRun",
     "Checkpoint",
@@ -21,14 +23,18 @@ __all__ = [
     "DuReport",
     "GcReport",
     "ObjectStore",
+    "Record",
     "Store",
     "TaskLogEntry",
     "VerifyReport",
+    "Walk",
     "digest_bytes",
     "du",
     "gc",
     "is_digest",
     "new_hasher",
+    "records",
     "resolve_store_path",
     "verify_store",
+    "walk",
 ]
