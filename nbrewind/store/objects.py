@@ -47,6 +47,12 @@ TREE_MAGIC = b"NBRTREE1\n"
 
 _WRITE_THREADS = 2
 
+# A put that finds its object present re-hashes a file up to this size (header
+# included); larger ones (blob chunks) get the header and length check only.
+_REHASH_LIMIT = 64 * 1024
+# Enough of a zstd payload to read its frame header (content size included).
+_ZSTD_HEAD = 18
+
 _REF_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
 _FANOUT_RE = re.compile(r"[0-9a-f]{2}")
 
@@ -84,6 +90,37 @@ def _decode_tree(content: bytes) -> tuple[list[str], bytes] | None:
     if len(listing) != count or not all(is_digest(child) for child in listing):
         return None
     return listing, content[end:]
+
+
+def _checked_header(head: bytes, stored: int, size: int | None) -> frame.FrameHeader | None:
+    """The header of an object file when it decodes and agrees with the file's
+    length ``stored`` and the expected content ``size``; else None."""
+    header = frame.decode_header(head)
+    if header is None:
+        return None
+    declared = frame.content_size(header.codec, stored, head[frame.HEADER_SIZE :])
+    if declared is None or (size is not None and declared != size):
+        return None
+    if header.codec == frame.CODEC_ZSTD and not frame.plausible_size(declared, stored - frame.HEADER_SIZE):
+        return None
+    return header
+
+
+def _content_matches(header: frame.FrameHeader, raw: bytes, digest: str) -> bool:
+    """Whether the whole object file ``raw`` hashes to ``digest`` (and, flagged as a
+    tree, holds one); a compressed one that would decode to more than
+    ``_REHASH_LIMIT`` bytes is not decoded (True)."""
+    content: bytes | memoryview = memoryview(raw)[frame.HEADER_SIZE :]
+    if header.codec == frame.CODEC_ZSTD:
+        if zstandard.frame_content_size(content) > _REHASH_LIMIT:
+            return True  # cheap checks only, like any large object
+        try:
+            content = frame.decompress(bytes(content))
+        except zstandard.ZstdError:
+            return False
+    if digest_bytes(content) != digest:
+        return False
+    return header.kind != frame.KIND_TREE or _decode_tree(bytes(content)) is not None
 
 
 def _blob_payload(size: int) -> bytes:
@@ -158,8 +195,8 @@ class ObjectStore:
             except OSError:
                 pass  # best effort: the error below matters more
         return CorruptObjectError(
-            f"object {digest} is corrupt ({problem}){where}. Re-run the cell that produced it to "
-            f"store it again; `jupyter nbrewind verify` checks every object in the store"
+            f"object {digest} is corrupt ({problem}){where}. Running the notebook again on the audit kernel "
+            f"stores it again; `jupyter nbrewind verify` checks every object and names the cell runs affected"
         )
 
     def _check_writable(self) -> None:
@@ -182,7 +219,7 @@ class ObjectStore:
         if digest is None:
             digest = digest_bytes(view)
         path = self.path_of(digest)
-        if self._touch_if_present(path):
+        if self._touch_if_present(path, len(view)):
             return digest
         codec, payload = frame.encode(view, self.compression_level)
         header = frame.encode_header(codec, frame.KIND_LEAF)
@@ -190,15 +227,47 @@ class ObjectStore:
         self._count(header, payload)
         return digest
 
-    @staticmethod
-    def _touch_if_present(path: Path) -> bool:
+    def _touch_if_present(self, path: Path, size: int | None = None) -> bool:
+        """Whether a sound object file is at ``path``; if so its mtime is refreshed,
+        so that a concurrent ``gc`` grace period sees it as fresh.
+
+        A file that is there but damaged counts as absent, so the caller's write
+        replaces it and storing the same bytes again (a re-audit) repairs the store.
+        Sound means, cheaply: the header decodes and the file's length agrees with
+        it (and with ``size``, the content length about to be stored, when given).
+        A file of at most ``_REHASH_LIMIT`` bytes is re-hashed as well, since reading
+        it costs little more than opening it.
+        """
+        return self._present_kind(path, size) is not None
+
+    def _present_kind(self, path: Path, size: int | None = None) -> int | None:
+        """The frame kind of the sound object file at ``path`` (see ``_touch_if_present``), or None."""
+        name = os.fspath(path)
         try:
-            os.utime(path)
+            fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
-            return False
+            return None
         except OSError:
-            return path.exists()  # present but not ours to touch: still a hit
-        return True
+            # There but unreadable to us (another user's store): we can neither
+            # judge it nor replace it.
+            return frame.KIND_LEAF if os.path.exists(name) else None
+        try:
+            stored = os.fstat(fd).st_size
+            raw = os.pread(fd, stored if stored <= _REHASH_LIMIT else frame.HEADER_SIZE + _ZSTD_HEAD, 0)
+            header = _checked_header(raw, stored, size)
+            if header is None:
+                return None
+            if len(raw) == stored and not _content_matches(header, raw, name[-33:-31] + name[-30:]):
+                return None
+            try:
+                os.utime(fd)
+            except OSError:
+                pass  # not ours to touch (a shared store): still a sound hit
+            return header.kind
+        except OSError:
+            return None  # vanished or unreadable mid-check: write it again
+        finally:
+            os.close(fd)
 
     def put_tree(self, children: Sequence[str], payload: bytes = b"") -> str:
         """Store a tree: ``TREE_MAGIC``, the child count, one child digest per
@@ -207,14 +276,10 @@ class ObjectStore:
         content = _encode_tree(children, payload)
         digest = digest_bytes(content)
         path = self.path_of(digest)
-        if self._touch_if_present(path):
-            try:
-                if self.is_tree(digest):
-                    return digest
-            except CorruptObjectError:
-                pass  # damaged header: the rewrite below repairs it
-            # Present as a plain object (same bytes put earlier with put) or
-            # damaged: rewrite it flagged as a tree so gc follows its children.
+        if self._present_kind(path, len(content)) == frame.KIND_TREE:
+            return digest
+        # Absent, damaged, or present as a plain object (the same bytes stored
+        # earlier with put): (re)write it flagged as a tree so gc follows its children.
         codec, encoded = frame.encode(memoryview(content), self.compression_level)
         header = frame.encode_header(codec, frame.KIND_TREE)
         atomic_write(path, (header, encoded))
@@ -323,8 +388,8 @@ class ObjectStore:
             handle = open(path, "rb")
         except FileNotFoundError:
             raise ObjectNotFoundError(
-                f"object {digest} is not in the store at {self.root}; re-run the cell "
-                f"that produced it"
+                f"object {digest} is not in the store at {self.root}; running the notebook again on the "
+                f"audit kernel stores it again"
             ) from None
         header = frame.decode_header(handle.read(frame.HEADER_SIZE))
         if header is None:
@@ -334,32 +399,41 @@ class ObjectStore:
             )
         return os.fstat(handle.fileno()).st_size, header, handle
 
-    def _read(self, digest: str) -> tuple[bytes, frame.FrameHeader]:
-        size, header, handle = self._open(digest)
+    def _read(self, digest: str, *, move_corrupt: bool = True) -> tuple[bytes, frame.FrameHeader]:
+        size, header, handle = self._open(digest, move_corrupt=move_corrupt)
         with handle:
             payload = handle.read()
         if header.codec == frame.CODEC_ZSTD:
             try:
                 content = frame.decompress(payload)
             except zstandard.ZstdError as exc:
-                raise self._corrupt(digest, f"compressed data cannot be decoded: {exc}") from None
+                raise self._corrupt(digest, f"compressed data cannot be decoded: {exc}", move=move_corrupt) from None
         else:
             content = payload
         if digest_bytes(content) != digest:
-            raise self._corrupt(digest, f"its {len(content)} bytes do not hash to its name")
+            raise self._corrupt(digest, f"its {len(content)} bytes do not hash to its name", move=move_corrupt)
+        if header.kind == frame.KIND_TREE and _decode_tree(content) is None:
+            # put_tree only ever flags a well-formed tree: the header's kind byte is damaged.
+            raise self._corrupt(digest, "its header says tree but it holds no tree", move=move_corrupt)
         return content, header
 
-    def get(self, digest: str) -> bytes:
-        """Return the object's bytes after checking they hash to ``digest``."""
-        return self._read(digest)[0]
+    def get(self, digest: str, *, move_corrupt: bool = True) -> bytes:
+        """Return the object's bytes after checking they hash to ``digest``.
+
+        A damaged object raises CorruptObjectError and, in a writable store and
+        unless ``move_corrupt`` is false, is first moved aside to ``corrupt/`` so
+        that storing the same bytes again repairs the store.
+        """
+        return self._read(digest, move_corrupt=move_corrupt)[0]
 
     def has(self, digest: str) -> bool:
         """Whether an object file named ``digest`` exists (not verified)."""
         return self.path_of(digest).is_file()
 
-    def verify(self, digest: str) -> None:
-        """Re-read and re-hash the object; raise CorruptObjectError if it is damaged."""
-        self._read(digest)
+    def verify(self, digest: str, *, move_corrupt: bool = True) -> None:
+        """Re-read and re-hash the object; raise CorruptObjectError if it is damaged
+        (moving it aside as ``get`` does)."""
+        self._read(digest, move_corrupt=move_corrupt)
 
     def is_tree(self, digest: str) -> bool:
         """Whether the object was stored as a tree (reads only its header)."""
@@ -367,13 +441,45 @@ class ObjectStore:
         handle.close()
         return header.kind == frame.KIND_TREE
 
-    def get_tree(self, digest: str) -> tuple[list[str], bytes]:
+    def get_tree(self, digest: str, *, move_corrupt: bool = True) -> tuple[list[str], bytes]:
         """Return a verified tree's ``(children, payload)``."""
-        content, _ = self._read(digest)
+        content, _ = self._read(digest, move_corrupt=move_corrupt)
         decoded = _decode_tree(content)
         if decoded is None:
             raise NotATreeError(f"object {digest} is not a tree")
         return decoded
+
+    def get_children(
+        self, digest: str, *, verify: bool = False, move_corrupt: bool = False
+    ) -> tuple[list[str], bytes] | None:
+        """A tree's verified ``(children, payload)``, or None for a leaf.
+
+        What counts is the content, not the header's kind byte (which no digest
+        covers): a tree whose kind byte was flipped to "leaf" still has its children
+        followed, so gc never drops them. With ``verify`` a leaf is read and
+        re-hashed in full too; without, a leaf costs a look at its first bytes.
+        """
+        if verify:
+            content, _ = self._read(digest, move_corrupt=move_corrupt)
+            return _decode_tree(content)
+        _, header, handle = self._open(digest, move_corrupt=move_corrupt)
+        with handle:
+            if header.kind == frame.KIND_TREE:
+                start = TREE_MAGIC  # read it in full below
+            elif header.codec == frame.CODEC_RAW:
+                start = handle.read(len(TREE_MAGIC))
+            else:
+                try:
+                    with zstandard.ZstdDecompressor().stream_reader(handle, closefd=False) as stream:
+                        start = stream.read(len(TREE_MAGIC))
+                except zstandard.ZstdError as exc:
+                    raise self._corrupt(
+                        digest, f"compressed data cannot be decoded: {exc}", move=move_corrupt
+                    ) from None
+        if start != TREE_MAGIC:
+            return None
+        content, _ = self._read(digest, move_corrupt=move_corrupt)
+        return _decode_tree(content)
 
     def _blob_layout(self, digest: str) -> tuple[list[str], int]:
         children, payload = self.get_tree(digest)

@@ -86,7 +86,7 @@ def test_missing_object(store: Store) -> None:
 def test_flipped_bit_is_detected(store: Store, payload: bytes) -> None:
     digest = store.objects.put(payload)
     _damage(store.objects.path_of(digest), offset=frame.HEADER_SIZE + 20)
-    with pytest.raises(CorruptObjectError, match=f"{digest}.*Re-run the cell.*nbrewind verify"):
+    with pytest.raises(CorruptObjectError, match=f"{digest}.*audit kernel stores it again.*nbrewind verify"):
         store.objects.get(digest)
     # Moved aside, so storing the same bytes again (re-running the cell) repairs it.
     assert (store.root / "corrupt" / digest).is_file()
