@@ -103,7 +103,13 @@ def _dumps(value: Any) -> str | None:
 
 
 def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+    try:
+        return None if text is None else json.loads(text)
+    except (TypeError, ValueError) as exc:  # a damaged page can still read as a value of another type
+        raise StoreError(
+            f"the catalog holds a damaged record ({exc}); restore catalog.sqlite from a backup or a backpack, "
+            f"or move it aside and run the notebook on the audit kernel to record it again"
+        ) from None
 
 
 def _check_fields(given: Iterable[str], allowed: Iterable[str], what: str) -> None:
@@ -404,9 +410,17 @@ class Catalog:
         return [self._cell_run(r) for r in rows]
 
     def find_cell_runs(self, code_digest: str) -> list[CellRun]:
-        """Cell runs of code with this digest, newest first (candidates for replay)."""
-        rows = self._query(f"{self._CELL_RUN_SELECT} WHERE code_digest = ? ORDER BY id DESC", (code_digest,))
-        return [self._cell_run(r) for r in rows]
+        """Cell runs of code with this digest, newest first (candidates for replay).
+
+        The index only proposes row ids; each row is read from the table and its
+        digest checked again, because SQLite answers from a damaged index as it
+        stands (a flipped bit there could otherwise propose another cell's run).
+        """
+        rows = self._query(
+            f"{self._CELL_RUN_SELECT} WHERE id IN (SELECT id FROM cell_runs WHERE code_digest = ?) ORDER BY id DESC",
+            (code_digest,),
+        )
+        return [run for run in map(self._cell_run, rows) if run.code_digest == code_digest]
 
     def has_cell_id(self, cell_id: str) -> bool:
         """Whether any recorded run came from the frontend cell `cell_id`."""

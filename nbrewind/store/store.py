@@ -10,20 +10,31 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
 
-from nbrewind.errors import NotAStoreError, ReadOnlyStoreError, SchemaTooNewError
+from nbrewind.errors import NotAStoreError, ReadOnlyStoreError, SchemaTooNewError, StoreError
 from nbrewind.store.catalog import Catalog
 from nbrewind.store.fsio import TEMP_PREFIX, atomic_write, store_error_from_os
 from nbrewind.store.objects import ObjectStore
 
-__all__ = ["CATALOG_NAME", "MARKER_NAME", "STORE_FORMAT_VERSION", "Store", "resolve_store_path"]
+__all__ = ["CATALOG_NAME", "MARKER_NAME", "STORE_FORMAT_VERSION", "Store", "damaged_catalog_message", "resolve_store_path"]
 
 MARKER_NAME = "nbrewind-store.json"
 CATALOG_NAME = "catalog.sqlite"
 STORE_FORMAT = "nbrewind-store"
 STORE_FORMAT_VERSION = 1
+
+
+def damaged_catalog_message(path: Path, problem: object) -> str:
+    """What to tell the user about a catalog SQLite cannot read: which file, and what
+    to do (the objects beside it are unaffected and are reused by a new history)."""
+    return (
+        f"the catalog {path} is damaged ({problem}): restore it from a backup or a backpack, or move it "
+        f"aside and run the notebook on the audit kernel to record a new history (the stored objects are "
+        f"reused); `jupyter nbrewind verify` checks the objects"
+    )
 
 
 def resolve_store_path(
@@ -97,7 +108,11 @@ class Store:
                 f"the store at {root} cannot be written; open it read-only or point NBREWIND_STORE elsewhere"
             )
         objects = ObjectStore(root, readonly=readonly, compression_level=compression_level)
-        catalog = Catalog(root / CATALOG_NAME, readonly=readonly)
+        try:
+            catalog = Catalog(root / CATALOG_NAME, readonly=readonly)
+        except sqlite3.Error as exc:
+            # The catalog translates what it expects; a damaged file can fail anywhere.
+            raise StoreError(damaged_catalog_message(root / CATALOG_NAME, exc)) from exc
         return cls(root, objects, catalog, readonly=readonly)
 
     @staticmethod
