@@ -206,7 +206,8 @@ def _children(obj: object, kind: _Kind) -> list[object]:
         if kind is _Kind.SEQUENCE:
             return list(obj)  # type: ignore[call-overload]
         if kind is _Kind.MAPPING:
-            items = list(obj.items())  # type: ignore[attr-defined]
+            # dict's own items(): a subclass's may do work (a lazy namespace would load everything).
+            items = list(dict.items(obj) if isinstance(obj, dict) else obj.items())  # type: ignore[attr-defined]
             return [x for pair in items for x in pair] + _attributes(obj)
         if kind is _Kind.FUNCTION:
             assert isinstance(obj, types.FunctionType)

@@ -184,6 +184,9 @@ class FileTracker:
         self.writes: set[str] = set()
         self.read_digests: dict[str, str | None] = {}
         """Digest of each read file when the cell first opened it (None: missing)."""
+        self.created: set[str] = set()
+        """Written files that did not exist when the cell first opened them: one it also
+        removed again (a scratch file, `tempfile`'s probe of the temp dir) left nothing."""
         self._owner: int | None = None
         self._lock = threading.Lock()
 
@@ -197,6 +200,7 @@ class FileTracker:
             self.reads = set()
             self.writes = set()
             self.read_digests = {}
+            self.created = set()
 
     @contextlib.contextmanager
     def tracking(self) -> Iterator[FileTracker]:
@@ -220,6 +224,10 @@ class FileTracker:
             return
         with self._lock:
             first_read = reads and path not in self.reads and path not in self.writes
+            first_touch = writes and path not in self.reads and path not in self.writes
+        if first_touch and not os.path.lexists(path):
+            with self._lock:
+                self.created.add(path)
         if first_read:
             # The audit event comes before the open: this is the content the cell
             # found (an append depends on it), unless the cell itself wrote it first.

@@ -15,10 +15,11 @@ path of name lookup.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+import contextlib
 import functools
 import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
 
 Loader = Callable[[str, Any], dict[str, Any]]
 """Called as loader(name, token); returns the values to bind (the name and its co-variables)."""
@@ -64,12 +65,17 @@ class LazyNamespace(dict[str, Any]):
 
     def materialize(self, name: str) -> Any:
         """Load `name` (and the co-variables that come with it) now and return its value."""
+        __tracebackhide__ = True  # noqa: F841 (IPython leaves this frame out of tracebacks)
         token = self._pending.get(name, _MISSING)
         if token is _MISSING:
             raise KeyError(name)
         if self._loader is None:
             raise KeyError(name)
-        values = self._loader(name, token)
+        try:
+            values = self._loader(name, token)
+        except KeyError:
+            self.discard_pending(name)  # the loader gave up on it: from now on it is not defined
+            raise
         for member, value in values.items():
             if self._pending.get(member, _MISSING) is _MISSING and member != name:
                 continue
@@ -84,7 +90,8 @@ class LazyNamespace(dict[str, Any]):
     def materialize_all(self) -> None:
         for name in list(self._pending):
             if name in self._pending and not dict.__contains__(self, name):
-                self.materialize(name)
+                with contextlib.suppress(KeyError):  # one that cannot be loaded is not defined
+                    self.materialize(name)
         self._pending.clear()
         _disarm()
 
@@ -113,7 +120,10 @@ class LazyNamespace(dict[str, Any]):
         if dict.__contains__(self, key):
             return dict.__getitem__(self, key)
         if self._pending and key in self._pending:
-            return self.materialize(key)
+            try:
+                return self.materialize(key)
+            except KeyError:
+                return default
         return default
 
     def items(self) -> Any:
@@ -159,13 +169,15 @@ class LazyNamespace(dict[str, Any]):
 
     def pop(self, key: str, *default: Any) -> Any:
         if not dict.__contains__(self, key) and self._pending and key in self._pending:
-            self.materialize(key)
+            with contextlib.suppress(KeyError):
+                self.materialize(key)
         self._pending.pop(key, None)
         return dict.pop(self, key, *default)
 
     def setdefault(self, key: str, default: Any = None) -> Any:
         if not dict.__contains__(self, key) and self._pending and key in self._pending:
-            return self.materialize(key)
+            with contextlib.suppress(KeyError):
+                return self.materialize(key)
         return dict.setdefault(self, key, default)
 
     def clear(self) -> None:
@@ -182,6 +194,7 @@ def _forget_instance(key: int, _ref: object) -> None:
 
 
 def _missing(self: LazyNamespace, key: str) -> Any:
+    __tracebackhide__ = True  # noqa: F841
     if key in self._pending:
         return self.materialize(key)
     raise KeyError(key)

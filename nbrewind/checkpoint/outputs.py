@@ -41,6 +41,7 @@ class OutputCapture:
         self._lock = threading.Lock()
         self._active: dict[str, list[OutputMessage]] = {}
         self.failures = 0
+        self._incomplete: set[str] = set()
 
     def start(self, msg_id: str) -> None:
         """Begin recording messages whose parent is `msg_id`."""
@@ -51,6 +52,15 @@ class OutputCapture:
         """End recording for `msg_id` and return its messages in send order."""
         with self._lock:
             return self._active.pop(msg_id, [])
+
+    def complete(self, msg_id: str) -> bool:
+        """Whether every message sent while `msg_id` was recorded was recorded (ask after
+        `stop`). A record missing one would replay less than the cell showed."""
+        with self._lock:
+            if msg_id in self._incomplete:
+                self._incomplete.discard(msg_id)
+                return False
+            return True
 
     def observe(self, msg: dict[str, Any] | None, buffers: list[Any] | None) -> None:
         """Record `msg` if it is an output message of an open capture."""
@@ -86,7 +96,9 @@ class OutputCapture:
                 bound = signature.bind_partial(*args, **kwargs)
                 self.observe(msg, bound.arguments.get("buffers"))
             except Exception:  # recording must never break the kernel's messaging
-                self.failures += 1
+                with self._lock:
+                    self.failures += 1
+                    self._incomplete.update(self._active)  # whichever it belonged to is incomplete
             return msg
 
         session.send = send
@@ -100,8 +112,11 @@ class OutputCapture:
 
 
 def _plain(value: dict[str, Any]) -> dict[str, Any]:
-    """A JSON-safe deep copy (datetimes and the like become strings)."""
-    return json.loads(json.dumps(value, default=str))
+    """A JSON-safe deep copy made as jupyter_client serializes content for the wire (bytes
+    as base64, datetimes in ISO form), so a replay sends what the frontend received."""
+    from jupyter_client.jsonutil import json_default  # the kernel has it loaded already
+
+    return json.loads(json.dumps(value, default=json_default))
 
 
 def encode_outputs(messages: list[OutputMessage]) -> tuple[bytes, list[bytes]]:

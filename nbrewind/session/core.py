@@ -12,12 +12,13 @@ a plain kernel.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import time
 import traceback
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from nbrewind.checkpoint.outputs import OutputCapture, decode_outputs, encode_ou
 from nbrewind.checkpoint.serialize import Unserializable, digest_value
 from nbrewind.checkpoint.values import stage_group, stage_json
 from nbrewind.checkpoint.world import WorldTracker
-from nbrewind.errors import NbrewindError, UntrustedStoreError
+from nbrewind.errors import NbrewindError, StoreFullError, UntrustedStoreError
 from nbrewind.session import outside, policy, purity
 from nbrewind.session.plan import (
     ABSENT,
@@ -65,11 +66,20 @@ class Session(RestoreMixin):
         return None
 
     @classmethod
-    def for_shell(cls, shell: Any, *, mode: str, emit: Emit) -> Session:
-        """A session for an IPython shell, storing where DESIGN.md says."""
-        return cls(shell, mode=mode, emit=emit)
+    def for_shell(cls, shell: Any, *, mode: str, emit: Emit, log: Callable[[str], None] | None = None) -> Session:
+        """A session for an IPython shell, storing where DESIGN.md says; `log` writes one
+        line to the kernel's log (see `notice`)."""
+        return cls(shell, mode=mode, emit=emit, log=log)
 
-    def __init__(self, shell: Any, *, mode: str, emit: Emit, store_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        shell: Any,
+        *,
+        mode: str,
+        emit: Emit,
+        store_path: Path | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
         if mode not in ("audit", "repeat"):
             raise ValueError(f"mode must be 'audit' or 'repeat', not {mode!r}")
         self.shell = shell
@@ -79,7 +89,13 @@ class Session(RestoreMixin):
         self.enabled = True
         self.capture = OutputCapture()
         self.notices: list[str] = []
+        self.unrecordable: list[str] = []
+        """Why the current cell must not be recorded (a value NBRewind could not bring back, a lost output)."""
         self.infos: list[str] = []
+        self._log = log or _stderr_line
+        self._disk_full = False
+        self._cell_lines = 0
+        """NBRewind lines already written for the current request: at most one is."""
         self.start_dir = Path(os.getcwd()).resolve()
         self._store_path = store_path
         self._store: Store | None = None
@@ -137,6 +153,9 @@ class Session(RestoreMixin):
             files = self._files
             self._world = WorldTracker(files.excluded, lambda path: path in files.writes)
             self._outside = outside.Outside(self._store.objects, self._state.entries, self._rel, self._abs)
+            # What the task layer logs is a notice too: the root logger's fallback would
+            # write it to sys.stderr, which in a kernel is the cell's output.
+            self._interception.enter_context(_routed_logs(self.notice))
             # Every Dask task run from now until close() is cached in this store.
             self._task_cache = self._interception.enter_context(intercepting(TaskCache(self._store.root)))
         return self._store
@@ -148,26 +167,27 @@ class Session(RestoreMixin):
         return self._state
 
     def notice(self, text: str) -> None:
-        """Tell the user something about NBRewind itself: in the kernel's log (its own stderr),
-        never in the cell's outputs, which must be what a plain kernel shows. Kept in
-        `notices` too, for `%nbrewind why` and for tests."""
+        """Tell the user something about NBRewind itself: one line in the kernel's log (its
+        own stderr), never in the cell's outputs, which must be what a plain kernel shows.
+        At most one line per request is written; every notice is kept in `notices`, for
+        `%nbrewind why` and for tests."""
         self.notices.append(text)
-        stream = sys.__stderr__
-        if stream is not None:
-            print(text, file=stream, flush=True)
+        if self._cell_lines:
+            return
+        self._cell_lines += 1
+        self._log(" ".join(text.split()))
 
     def info(self, text: str) -> None:
-        """Something worth knowing but nothing to act on: the kernel's log only."""
+        """Something worth knowing but nothing to act on: the kernel's log, with NBREWIND_DEBUG."""
         self.infos.append(text)
-        stream = sys.__stderr__
-        if stream is not None and os.environ.get("NBREWIND_DEBUG"):
-            print(text, file=stream, flush=True)
+        if os.environ.get("NBREWIND_DEBUG"):
+            self._log(text)
 
     def _warn(self, what: str, exc: BaseException | None = None) -> None:
         detail = f": {type(exc).__name__}: {exc}" if exc is not None else ""
         self.notice(f"NBRewind warning: {what}{detail}. The cell ran as on a plain kernel.")
         if os.environ.get("NBREWIND_DEBUG") and exc is not None:
-            traceback.print_exception(exc, file=sys.__stderr__)
+            self._log("".join(traceback.format_exception(exc)))
 
     def _ready(self) -> bool:
         if not self.enabled or self._store_failed:
@@ -190,16 +210,15 @@ class Session(RestoreMixin):
         self, code: str, *, silent: bool = False, store_history: bool = True, cell_id: str | None = None, msg_id: str | None = None
     ) -> CellPlan:
         """Analyse the request and decide: replay it, or run and record it."""
+        if not silent:
+            self._cell_lines = 0
+            self.unrecordable = []
         if silent or not store_history or not self._ready():
             return CellPlan(record=False)
         for name in self.committer.take_lost():
             self.state.entries.pop(name, None)
             self.state.forget(name)
-        for failure in self.writer.take_failures():
-            self.notice(
-                f"NBRewind warning: an earlier cell's checkpoint could not be written ({failure}); "
-                "that cell will run again on repeat."
-            )
+        self._report_write_failures()
         try:
             plan = self._plan(code, cell_id, msg_id)
         except Exception as exc:
@@ -214,12 +233,35 @@ class Session(RestoreMixin):
             return CellPlan(record=False)
         return plan
 
+    def _report_write_failures(self) -> None:
+        """Say which earlier checkpoints could not be written. A full disk is said once, until
+        a checkpoint is written again: every cell until then fails the same way."""
+        failures = self.writer.take_failures()
+        if not failures:
+            if self._disk_full and self.writer.pending() == (0, 0):
+                self._disk_full = False  # everything queued since was written: space is back
+            return
+        full = [f for f in failures if f.startswith(StoreFullError.__name__) or "No space left" in f]
+        if full and not self._disk_full:
+            self._disk_full = True
+            self.notice(
+                f"NBRewind warning: the store's disk is full ({full[0]}); checkpoints are not written until space "
+                "is freed, and the cells run as on a plain kernel. This is not repeated."
+            )
+        if self._disk_full:
+            return  # what else failed meanwhile (checkpoints naming the lost objects) is the same cause
+        for failure in failures:
+            self.notice(
+                f"NBRewind warning: an earlier cell's checkpoint could not be written ({failure}); "
+                "that cell will run again on repeat."
+            )
+
     def _plan(self, code: str, cell_id: str | None, msg_id: str | None) -> CellPlan:
         try:
             transformed = self.shell.transform_cell(code)
         except Exception:
             transformed = code
-        effects = analyze_cell(transformed)
+        effects = analyze_cell(transformed, allowed_magics=policy.ALLOWED_MAGICS, code_magics=policy.CODE_MAGICS)
         plan = CellPlan(
             record=True,
             code=code,
@@ -315,9 +357,9 @@ class Session(RestoreMixin):
         self._apply_pending_rng()
         self.outside.apply_pending()
         try:
-            self._rebuild_pending_clients()
+            self._rebuild_pending(plan.reads)
         except Exception as exc:
-            self._warn("could not bring back the Dask client a replayed cell made", exc)
+            self._warn("could not bring back a value that cannot be stored (a Dask client, a lock...)", exc)
         plan.outside_before = self.outside.before()
         if plan.effects is not None and plan.effects.mutated:
             plan.module_bindings = outside.bindings(outside.installed_modules(plan.effects.mutated, self.namespace))
@@ -350,11 +392,18 @@ class Session(RestoreMixin):
         if not plan.record or plan.replay:
             return
         outputs = self.capture.stop(plan.msg_id) if plan.msg_id else []
+        if plan.msg_id and not self.capture.complete(plan.msg_id):
+            self.unrecordable.append("an output message")
+            self.notice("NBRewind warning: an output of this cell could not be recorded; this cell is not recorded")
         if plan.tracking is not None:
             if plan.draws is not None:
                 plan.background_draws_only = plan.draws.explained()
             plan.tracking.close()
         duration = time.perf_counter() - plan.started
+        if self.unrecordable:
+            # A record would replay a failure that was NBRewind's, not the notebook's, or
+            # miss an output the cell showed (the notice said which).
+            return
         try:
             self._record(plan, reply, outputs, duration)
         except KeyboardInterrupt:
@@ -453,6 +502,8 @@ class Session(RestoreMixin):
             rel = self._rel(path)
             if os.path.isdir(path):
                 continue
+            if not os.path.lexists(path) and path in self._files.created:
+                continue  # made and removed by the cell: nothing on disk changed
             if os.path.isfile(path):
                 blob = objects.stage_blob(Path(path).read_bytes())
                 staged.append(blob)
@@ -579,11 +630,27 @@ class Session(RestoreMixin):
                 children, payload = self.store.objects.get_tree(run.outputs)
                 outputs = decode_outputs(payload, [bytes(self.store.objects.get_blob(c)) for c in children])
             started = time.perf_counter()
+            objects = self.store.objects
+            gone = sorted(n for n in run.writes or () if n in entries and entries[n].digest != ABSENT and not objects.has(entries[n].digest))
+            if gone:
+                raise LookupError(f"the recorded state of {', '.join(gone)} is no longer in the store")
+            for name in run.writes or ():
+                entry = entries.get(name)
+                if entry is not None and entry.kind == HIDDEN and entry.extra.get("what") != "file" and entry.digest != ABSENT:
+                    # Settings and RNG states are applied when the next cell runs, too late to run
+                    # this one instead: read them now (a few kB each), so damage shows here.
+                    children, _ = objects.get_tree(entry.digest)
+                    for child in children:
+                        objects.verify(child)
             # State first, outputs second: if binding fails, nothing was shown and the cell
             # simply runs (recomputing the names it writes).
             self._apply(entries, run.writes or [], run.deletes or [])
+            for line in policy.magic_lines_to_rerun(plan.transformed):
+                # Kernel state a magic set up (a plotting backend) is not a value to restore.
+                exec(compile(line, "<nbrewind replayed magic>", "exec", dont_inherit=True), self.namespace)
         except Exception as exc:
             self._warn(f"could not replay cell run #{run.id}; running the cell instead", exc)
+            plan.reason = f"its record cannot be replayed ({type(exc).__name__}: {exc})"
             plan.replay = False
             self._start_run(plan)
             return None
@@ -644,3 +711,40 @@ class Session(RestoreMixin):
 
     def _abs(self, rel: str) -> str:
         return rel if os.path.isabs(rel) else str(self.start_dir / rel)
+
+
+def _stderr_line(text: str) -> None:
+    """The log of a session without a kernel: the process's own stderr. (In a kernel, fd 2
+    is a pipe into the cell's outputs; the kernel passes its logger instead.)"""
+    stream = sys.__stderr__
+    if stream is not None:
+        print(text, file=stream, flush=True)
+
+
+class _NoticeHandler(logging.Handler):
+    """Hands the ``nbrewind`` loggers' records to the session's one notice channel."""
+
+    def __init__(self, notice: Callable[[str], None]) -> None:
+        super().__init__(logging.WARNING)
+        self._notice = notice
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._notice(record.getMessage())
+        except Exception:
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def _routed_logs(notice: Callable[[str], None]) -> Iterator[None]:
+    """Route warnings of the ``nbrewind`` loggers to `notice` (and nowhere else) while open."""
+    logger = logging.getLogger("nbrewind")
+    handler = _NoticeHandler(notice)
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate

@@ -22,6 +22,44 @@ _HISTORY_NAME = re.compile(r"^_(i)?\d+$")
 # results, which a replay does not reproduce: such a cell always runs.
 HISTORY_READS = frozenset({"_", "__", "___", "_i", "_ii", "_iii", "_oh", "_ih", "Out", "In"})
 
+# Magics a cell may use and still be replayed. `%matplotlib` sets up the plotting backend:
+# the kernel state it leaves is not a value, so a replay runs the magic line again (it is
+# idempotent and prints nothing for a backend already chosen). `%time` and `%timeit` run
+# their code argument in the namespace, which is analysed as if it were written in the
+# cell; their timing lines are replayed as recorded, like any output of a run.
+ALLOWED_MAGICS = frozenset({"matplotlib"})
+CODE_MAGICS = frozenset({"time", "timeit"})
+RERUN_ON_REPLAY = frozenset({"matplotlib"})
+
+
+def magic_lines_to_rerun(transformed: str) -> list[str]:
+    """The top-level `get_ipython().run_line_magic(...)` statements of `RERUN_ON_REPLAY`
+    magics in a cell's transformed source, as source to execute."""
+    if "run_line_magic" not in transformed:
+        return []
+    try:
+        tree = ast.parse(transformed)
+    except (SyntaxError, ValueError):
+        return []
+    out = []
+    for node in tree.body:
+        call = node.value if isinstance(node, ast.Expr) else None
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr == "run_line_magic"
+            and isinstance(call.func.value, ast.Call)
+            and isinstance(call.func.value.func, ast.Name)
+            and call.func.value.func.id == "get_ipython"
+            and call.args
+            and isinstance(call.args[0], ast.Constant)
+            and call.args[0].value in RERUN_ON_REPLAY
+            and all(isinstance(a, ast.Constant) for a in call.args)
+        ):
+            out.append(ast.unparse(node))
+    return out
+
+
 def is_user_name(name: str, value: Any, hidden: Mapping[str, Any]) -> bool:
     """Whether `name` is the user's own state rather than IPython's or the module's bookkeeping."""
     if name in IPYTHON_NAMES or name in MODULE_DUNDERS or _HISTORY_NAME.match(name):

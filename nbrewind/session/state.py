@@ -9,6 +9,7 @@ share objects with them; an unchanged digest writes nothing.
 
 from __future__ import annotations
 
+import enum
 import importlib
 import time
 import types
@@ -24,7 +25,20 @@ from nbrewind.store.objects import StagedBlob
 from nbrewind.store.digest import digest_bytes
 from nbrewind.store.objects import ObjectStore
 
-VALUE, MODULE, UNSERIALIZABLE, HIDDEN = "value", "module", "unserializable", "hidden"
+class EntryKind(enum.StrEnum):
+    """What a checkpoint entry holds. A str enum: checkpoints store the plain string."""
+
+    VALUE = "value"
+    """A stored group of values."""
+    MODULE = "module"
+    """A module, imported again by name."""
+    UNSERIALIZABLE = "unserializable"
+    """A record of how to make the value again (the cell that made it and its pre-state)."""
+    HIDDEN = "hidden"
+    """A pseudo-variable: an RNG state, a file, an environment variable, a setting..."""
+
+
+VALUE, MODULE, UNSERIALIZABLE, HIDDEN = EntryKind.VALUE, EntryKind.MODULE, EntryKind.UNSERIALIZABLE, EntryKind.HIDDEN
 
 
 @dataclass(frozen=True)
@@ -37,18 +51,18 @@ class Entry:
     """
 
     digest: str
-    kind: str
+    kind: EntryKind
     key: str
     group: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_meta(self) -> dict[str, Any]:
-        return {"kind": self.kind, "key": self.key, "group": list(self.group), **self.extra}
+        return {"kind": str(self.kind), "key": self.key, "group": list(self.group), **self.extra}
 
     @classmethod
     def from_meta(cls, digest: str, meta: Mapping[str, Any]) -> Entry:
         extra = {k: v for k, v in meta.items() if k not in ("kind", "key", "group")}
-        return cls(digest, meta["kind"], meta["key"], tuple(meta.get("group", ())), extra)
+        return cls(digest, EntryKind(meta["kind"]), meta["key"], tuple(meta.get("group", ())), extra)
 
 
 def value_key(value_digest: str, group: tuple[str, ...]) -> str:
@@ -273,13 +287,14 @@ class LiveState:
 
     # -- restoring -------------------------------------------------------------
 
-    def load(self, entry: Entry) -> dict[str, Any]:
-        """The values stored for `entry`'s group (or its module)."""
+    def load(self, entry: Entry, namespace: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The values stored for `entry`'s group (or its module); notebook functions among
+        them get `namespace` (the kernel's, by default) as their globals."""
         if entry.kind == MODULE:
             return {entry.group[0]: importlib.import_module(entry.extra["module"])}
         if entry.kind != VALUE:
             raise LookupError(f"entry of kind {entry.kind} has no stored value")
-        with restoring_into(self.namespace):
+        with restoring_into(self.namespace if namespace is None else namespace):
             return load_group(self.objects, entry.digest)
 
 

@@ -33,7 +33,7 @@ def store_error_from_os(exc: OSError, path: Path) -> StoreError | None:
     if exc.errno in _FULL:
         return StoreFullError(
             f"no space left while writing {path}: free space on that filesystem "
-            f"(or run `jupyter nbrewind gc`) and run the cell again"
+            f"(`jupyter nbrewind du` shows what the store holds) and run the cell again"
         )
     if exc.errno in _READONLY:
         return ReadOnlyStoreError(

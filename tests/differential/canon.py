@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 import types
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -37,6 +39,8 @@ def user_names(names: Iterable[str]) -> list[str]:
     """The user's names among `names`: no underscore names, no IPython bookkeeping."""
     return sorted(n for n in names if not n.startswith("_") and n not in IPYTHON_NAMES)
 
+
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 
 class _Walker:
     """Walks values, numbering non-atomic objects on first sight."""
@@ -78,6 +82,10 @@ class _Walker:
         if isinstance(value, (set, frozenset)):
             items = sorted((self.canon(v, depth) for v in value), key=repr)
             return (type(value).__name__, tuple(items))
+        if isinstance(value, weakref.ref):
+            # What it points at, through the identity map: `r() is obj` shows as a shared reference.
+            target = value()
+            return (type(value).__qualname__, None if target is None else self.canon(target, depth))
         if isinstance(value, bytearray):
             return ("bytearray", bytes(value).hex())
         if isinstance(value, types.ModuleType):
@@ -88,7 +96,7 @@ class _Walker:
             return ("type", value.__module__, value.__qualname__)
         if hasattr(value, "__dict__") and not callable(value):
             return ("object", type(value).__qualname__, self.canon(dict(vars(value)), depth))
-        return ("other", type(value).__qualname__, repr(value))
+        return ("other", type(value).__qualname__, _ADDRESS.sub("0x?", repr(value)))
 
     def _function(self, fn: types.FunctionType, depth: int) -> Any:
         closure = tuple(self._cell(cell, depth) for cell in (fn.__closure__ or ()))

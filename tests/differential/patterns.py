@@ -490,6 +490,42 @@ PATTERNS: list[Pattern] = [
         edit={2: 'print("alive", r() is obj)\ndel r'},
     ),
     pattern(
+        "weakref_same_cell",
+        "obj and r = weakref.ref(obj) made in one cell: r cannot be stored and is rebuilt by re-running the cell; "
+        "a rebuilt r pointing at the rebuilt cell's own obj prints False",
+        ["import weakref\nclass Box:\n    pass\nobj = Box()\nr = weakref.ref(obj)", "print(r() is obj)"],
+        edit={1: 'print("alive", r() is obj)'},
+    ),
+    pattern(
+        "weakref_read_before_obj",
+        "r is read before obj in the edited cell, so r is rebuilt first; obj must still be what r points at",
+        ["import weakref\nclass Box:\n    pass\nobj = Box()\nobj.n = 3\nr = weakref.ref(obj)", "print(obj.n)"],
+        edit={1: "t = r()\nprint(t is obj, t.n)\ndel t"},
+    ),
+    pattern(
+        "weak_value_dictionary",
+        "a WeakValueDictionary of values that live in a list: the rebuilt mapping must point at the list's items",
+        [
+            "import weakref\nclass Item:\n    def __init__(self, k):\n        self.k = k\n"
+            "items = [Item(i) for i in range(3)]\nindex = weakref.WeakValueDictionary({i.k: i for i in items})",
+            "print(len(index))",
+        ],
+        edit={1: "print(len(index), index[1] is items[1])"},
+    ),
+    pattern(
+        "logger_notebook_handler",
+        "a logging handler class defined in the notebook (its methods' globals are the namespace): "
+        "indexing it must not load every replayed value (recursion, then a NameError)",
+        [
+            "import logging\nclass Keep(logging.Handler):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.seen = []\n    def emit(self, record):\n        self.seen.append(record.getMessage())\n"
+            "log = logging.getLogger('nbr.test')\nlog.propagate = False\nkeep = Keep()\nlog.handlers[:] = [keep]",
+            "data = list(range(5))",
+            "log.warning('n=%d', len(data))\nprint(keep.seen)\ndel log",
+        ],
+        edit={2: "log.warning('sum=%d', sum(data))\nprint(keep.seen)\ndel log"},
+    ),
+    pattern(
         "closed_file_left_in_namespace",
         "`with open(...) as fh` leaves a closed file in the namespace: the audit must record (or skip) it silently "
         "and the edited reader must still see out.txt (stale: a warning, or a missing file)",

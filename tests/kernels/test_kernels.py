@@ -52,10 +52,8 @@ def outputs_of(path: Path) -> list[list[dict[str, Any]]]:
             out.pop("metadata", None)
             if out.get("output_type") == "error":
                 out["traceback"] = out["traceback"][-1:]  # file names of frames differ per process
-            if "text" in out:
-                out["text"] = "".join(line for line in out["text"].splitlines(keepends=True) if "NBRewind" not in line)
             outs.append(out)
-        cleaned.append([o for o in outs if o.get("text", True)])
+        cleaned.append(outs)
     return cleaned
 
 

@@ -137,16 +137,7 @@ def _flip_for(kind: str, path: Path, store: Path) -> tuple[int, int]:
     return 7, 0  # the frame header's reserved byte
 
 
-REBUILD_GAP = pytest.mark.xfail(
-    strict=True,
-    reason="a rebuild record that cannot be read is not yet replaced by re-running its cell run from the catalog "
-    "(session/restore.py _rebuild; the catalog holds the code and the parent checkpoint)",
-)
-
-
-@pytest.mark.parametrize(
-    "kind", [pytest.param(k, marks=REBUILD_GAP) if k == "rebuild record" else k for k in KINDS]
-)
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_repeat_kernel_reruns_around_a_damaged_file(audited: Path, trust_db: None, tmp_path: Path, kind: str) -> None:
     store = copy_store(audited, tmp_path / "flips.ipynb.nbrewind")
     nb = write_notebook(tmp_path / "flips.ipynb", REPEAT_CELLS)

@@ -178,12 +178,6 @@ def test_verify_names_the_damage_and_a_re_audit_repairs_it(tmp_path: Path) -> No
             opened.objects.verify(digest)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the first cell of every audit records the deletion of a temp file with a random name "
-    "('@file:/tmp/<random>', made and removed during the kernel's first execute), so a re-audit's state "
-    "document has another digest and the old rebuild record stays broken",
-)
 def test_a_re_audit_mends_a_damaged_rebuild_state(tmp_path: Path) -> None:
     nb, store, damaged = _damaged_audit(tmp_path, ("state",))
     found = _cli("verify", str(store), check=False)
