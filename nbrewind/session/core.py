@@ -148,6 +148,12 @@ class Session(RestoreMixin):
             if notice:
                 self.notice(notice)
             self._store = Store.open(self.store_location(), create=True)
+            if self._store.catalog_recreated:
+                self.notice(
+                    f"NBRewind warning: the catalog of the store at {self._store.root} was missing or empty although "
+                    "the store holds objects: which cells were recorded is lost, so every cell runs and is recorded "
+                    "again (the stored objects are reused)."
+                )
             self._state = LiveState(self._store.objects, self.namespace)
             self._files = hidden.FileTracker(exclude=[str(self._store.root), *hidden.default_exclusions()])
             files = self._files

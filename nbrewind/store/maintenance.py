@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from nbrewind.errors import CorruptObjectError, ObjectNotFoundError, ReadOnlyStoreError
+from nbrewind.errors import CorruptObjectError, ObjectNotFoundError, ReadOnlyStoreError, StoreError
 from nbrewind.store.digest import is_digest
 from nbrewind.store.store import Store
 from nbrewind.store.walk import MISSING, Record, Walk, records, walk
@@ -305,6 +305,11 @@ def gc(
     """
     if not dry_run and store.readonly:
         raise ReadOnlyStoreError(f"gc cannot remove anything from {store.root}: it was opened read-only")
+    if not dry_run and store.catalog_recreated:
+        raise StoreError(
+            f"gc refuses to run on {store.root}: its catalog was missing or empty, so nothing would count as "
+            "reachable and every object would be removed. Restore the catalog, or audit the notebook again first"
+        )
     objects = store.objects
     _, reached = _walk(store)
     reachable = reached.reached

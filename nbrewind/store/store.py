@@ -70,11 +70,16 @@ class Store:
     Close it (or use it as a context manager) to release the catalog connection.
     """
 
-    def __init__(self, root: Path, objects: ObjectStore, catalog: Catalog, *, readonly: bool) -> None:
+    def __init__(
+        self, root: Path, objects: ObjectStore, catalog: Catalog, *, readonly: bool, catalog_recreated: bool = False
+    ) -> None:
         self.root = root
         self.objects = objects
         self.catalog = catalog
         self.readonly = readonly
+        self.catalog_recreated = catalog_recreated
+        """The catalog was missing or empty although objects were stored: its history is lost
+        (the objects are reused). Opening made a new one; callers say so."""
 
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r}, readonly={self.readonly})"
@@ -108,12 +113,14 @@ class Store:
                 f"the store at {root} cannot be written; open it read-only or point NBREWIND_STORE elsewhere"
             )
         objects = ObjectStore(root, readonly=readonly, compression_level=compression_level)
+        catalog_path = root / CATALOG_NAME
+        recreated = not readonly and _empty_file(catalog_path) and _holds_objects(root)
         try:
-            catalog = Catalog(root / CATALOG_NAME, readonly=readonly)
+            catalog = Catalog(catalog_path, readonly=readonly)
         except sqlite3.Error as exc:
             # The catalog translates what it expects; a damaged file can fail anywhere.
             raise StoreError(damaged_catalog_message(root / CATALOG_NAME, exc)) from exc
-        return cls(root, objects, catalog, readonly=readonly)
+        return cls(root, objects, catalog, readonly=readonly, catalog_recreated=recreated)
 
     @staticmethod
     def _initialize(root: Path) -> None:
@@ -170,3 +177,25 @@ class Store:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _empty_file(path: Path) -> bool:
+    try:
+        return path.stat().st_size == 0
+    except FileNotFoundError:
+        return True
+
+
+def _holds_objects(root: Path) -> bool:
+    """Whether any object was ever stored (only asked when the catalog is missing)."""
+    objects = root / "objects"
+    try:
+        folders = list(os.scandir(objects))
+    except OSError:
+        return False
+    for folder in folders:
+        if folder.is_dir():
+            with os.scandir(folder.path) as entries:
+                if any(not e.name.startswith(TEMP_PREFIX) for e in entries):
+                    return True
+    return False

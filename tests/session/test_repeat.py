@@ -268,3 +268,26 @@ def test_rebuilding_an_unstorable_value_leaves_the_global_rng_as_a_fresh_run_wou
     out = runner.run([*cells, probe], "repeat")
     assert [o.decision for o in out][:4] == ["replayed"] * 4 and out[4].decision == "executed"
     assert runner.ns["v"] == fresh_v and runner.ns["held"] is False
+
+
+def test_a_deleted_catalog_is_reported_and_recording_starts_again(runner: Runner) -> None:
+    """Deleting the catalog loses which cells were recorded: the next kernel says so once
+    (it would otherwise silently run everything again), records again, and reuses the
+    objects already stored."""
+    runner.run(BASE)
+    runner.flush()
+    with Store.open(runner.store) as store:
+        objects_before = set(store.objects.iter_digests())
+        assert not store.catalog_recreated
+    (runner.store / "catalog.sqlite").unlink()
+    out = runner.run(BASE, "repeat")
+    assert decisions(out) == ["E"] * 5
+    assert runner.session is not None
+    said = [n for n in runner.session.notices if "catalog" in n]
+    assert len(said) == 1 and "missing or empty" in said[0]
+    runner.flush()
+    with Store.open(runner.store) as store:
+        assert not store.catalog_recreated
+        assert len(store.catalog.cell_runs()) == 5
+        assert objects_before <= set(store.objects.iter_digests())
+    assert decisions(runner.run(BASE, "repeat")) == ["R"] * 5

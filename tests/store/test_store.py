@@ -175,3 +175,23 @@ def test_gc_reports_trees_with_missing_children(store: Store) -> None:
     report = gc(store, dry_run=True, grace_seconds=0)
     assert report.incomplete_trees == {names["blob"]: [lost_chunk]}
     assert report.missing == [lost_chunk]
+
+
+def test_a_deleted_catalog_is_noticed_and_gc_refuses_to_empty_the_store(tmp_path: Path) -> None:
+    """A store whose catalog was deleted still holds its objects: opening it says the
+    catalog was recreated, and gc --yes refuses (every object would look unreachable)."""
+    from nbrewind.errors import StoreError
+    from nbrewind.store import gc
+
+    root = tmp_path / "s"
+    with Store.open(root) as store:
+        digest = store.objects.put(b"kept")
+        assert not store.catalog_recreated
+    (root / "catalog.sqlite").unlink()
+    with Store.open(root) as store:
+        assert store.catalog_recreated
+        with pytest.raises(StoreError, match="catalog was missing or empty"):
+            gc(store, dry_run=False, grace_seconds=0)
+        assert store.objects.has(digest)
+    with Store.open(tmp_path / "fresh") as store:
+        assert not store.catalog_recreated
