@@ -32,7 +32,8 @@ from nbrewind.checkpoint.serialize import Unserializable, digest_value
 from nbrewind.checkpoint.values import stage_group, stage_json
 from nbrewind.checkpoint.world import WorldTracker
 from nbrewind.errors import NbrewindError, StoreFullError, UntrustedStoreError
-from nbrewind.session import outside, policy, purity
+from nbrewind.session import outside, policy, pseudo, purity
+from nbrewind.session.pseudo import Pseudo
 from nbrewind.session.plan import (
     ABSENT,
     CellPlan,
@@ -281,7 +282,7 @@ class Session(RestoreMixin):
         plan.inputs = {name: self._key(name) for name in sorted(plan.reads)}
         if effects.dynamic or plan.reads & DYNAMIC_NAMES:
             # `'x' in globals()`: which names exist is itself an input.
-            plan.inputs["@names"] = self._hidden_key("@names")
+            plan.inputs[pseudo.name(Pseudo.NAMES)] = self._hidden_key(pseudo.name(Pseudo.NAMES))
         if self.mode == "repeat":
             self._find_match(plan)
         return plan
@@ -325,21 +326,26 @@ class Session(RestoreMixin):
         return self._outside
 
     def _hidden_key(self, name: str) -> str:
-        if outside.owns(name):
-            return self.outside.key(name)
-        if name.startswith("@rng:"):
-            pending = self._pending_rng.get(name[5:])
+        """The key a pseudo-input (`session.pseudo`) has now."""
+        parsed = pseudo.parse(name)
+        if parsed is None:
+            return ABSENT
+        kind, arg = parsed
+        if kind in outside.OWNED:
+            return self.outside.key(kind, arg)
+        if kind is Pseudo.RNG:
+            pending = self._pending_rng.get(arg)
             if pending is not None:
                 return pending.key
-            left = self._rng_left.get(name[5:])
-            return left if left is not None else hidden.rng_states().get(name[5:], ABSENT)
-        if name.startswith("@file:"):
-            return hidden.file_digest(self._abs(name[6:])) or ABSENT
-        if name == "@cwd":
+            left = self._rng_left.get(arg)
+            return left if left is not None else hidden.rng_states().get(arg, ABSENT)
+        if kind is Pseudo.FILE:
+            return hidden.file_digest(self._abs(arg)) or ABSENT
+        if kind is Pseudo.CWD:
             return self._rel(os.getcwd())
-        if name.startswith("@env:"):
-            return env_key(os.environ.get(name[5:]))
-        if name == "@names":
+        if kind is Pseudo.ENV:
+            return env_key(os.environ.get(arg))
+        if kind is Pseudo.NAMES:
             return digest_bytes("\n".join(sorted(self._user_names())).encode())
         return ABSENT
 
@@ -357,7 +363,7 @@ class Session(RestoreMixin):
 
     def _current_key(self, name: str) -> str:
         """The key an input of a recorded run has now: a name's, or a pseudo-input's."""
-        return self._hidden_key(name) if name.startswith("@") else self._key(name)
+        return self._hidden_key(name) if pseudo.is_pseudo(name) else self._key(name)
 
     def _start_run(self, plan: CellPlan) -> None:
         self._apply_pending_rng()
@@ -465,7 +471,7 @@ class Session(RestoreMixin):
             # It may read a global RNG's state without drawing (`random.getstate()`).
             for which, digest in plan.rng_key_before.items():
                 if not plan.seeded.get(which):
-                    inputs[f"@rng:{which}"] = digest
+                    inputs[pseudo.name(Pseudo.RNG, which)] = digest
         for which, digest in rng_after.items():
             if which not in self._rng_left:
                 self._rng_left[which] = digest
@@ -477,13 +483,13 @@ class Session(RestoreMixin):
                 if which in plan.rng_before and not plan.seeded.get(which):
                     # Consumed an existing state. A generator that only came into
                     # being in this cell (numpy imported) was not an input.
-                    inputs[f"@rng:{which}"] = plan.rng_key_before[which]
+                    inputs[pseudo.name(Pseudo.RNG, which)] = plan.rng_key_before[which]
                 self._rng_left[which] = digest
                 stored = stage_group(objects, {"state": saved[which]})
                 if isinstance(stored, Unserializable):
                     continue
                 staged.append(stored)
-                changed[f"@rng:{which}"] = Entry(stored.digest, HIDDEN, digest, (), {"what": "rng", "rng": which})
+                changed[pseudo.name(Pseudo.RNG, which)] = Entry(stored.digest, HIDDEN, digest, (), {"what": "rng", "rng": which})
                 written += stored.new_bytes
         world = self._world
         assert world is not None
@@ -494,11 +500,11 @@ class Session(RestoreMixin):
             self._files.writes.add(path)
         for path in sorted(self._files.reads):
             found = self._files.read_digests.get(path, hidden.file_digest(path))
-            inputs[f"@file:{self._rel(path)}"] = found or ABSENT
+            inputs[pseudo.name(Pseudo.FILE, self._rel(path))] = found or ABSENT
         self.outside.world_inputs(world, plan.env_before, inputs, env_key)
         outside_bytes, impure = self.outside.after(plan.outside_before, inputs, changed, staged)
         written += outside_bytes
-        if not any(k.startswith("@setting:") for k in changed):
+        if not any(k.startswith(Pseudo.SETTING.value) for k in changed):
             impure += [f"changes module {m}, which a replay cannot restore" for m in outside.rebound_modules(plan.module_bindings)]
         if "reload" in effects.reads or "reload" in plan.reads:
             impure.append("reloads a module")
@@ -514,25 +520,25 @@ class Session(RestoreMixin):
                 blob = objects.stage_blob(Path(path).read_bytes())
                 staged.append(blob)
                 written += blob.new_bytes
-                changed[f"@file:{rel}"] = Entry(blob.digest, HIDDEN, hidden.file_digest(path) or ABSENT, (), {"what": "file", "path": rel})
+                changed[pseudo.name(Pseudo.FILE, rel)] = Entry(blob.digest, HIDDEN, hidden.file_digest(path) or ABSENT, (), {"what": "file", "path": rel})
             else:
-                changed[f"@file:{rel}"] = Entry(ABSENT, HIDDEN, ABSENT, (), {"what": "file", "path": rel, "deleted": True})
+                changed[pseudo.name(Pseudo.FILE, rel)] = Entry(ABSENT, HIDDEN, ABSENT, (), {"what": "file", "path": rel, "deleted": True})
         if self._files.writes:
-            inputs["@cwd"] = self._rel(plan.cwd_before)
+            inputs[pseudo.name(Pseudo.CWD)] = self._rel(plan.cwd_before)
         for var, value in hidden.env_diff(plan.env_before, hidden.env_snapshot()).items():
-            changed[f"@env:{var}"] = Entry(ABSENT, HIDDEN, env_key(value), (), {"what": "env", "var": var, "value": value})
+            changed[pseudo.name(Pseudo.ENV, var)] = Entry(ABSENT, HIDDEN, env_key(value), (), {"what": "env", "var": var, "value": value})
         if os.getcwd() != plan.cwd_before:
             rel = self._rel(os.getcwd())
-            changed["@cwd"] = Entry(ABSENT, HIDDEN, rel, (), {"what": "cwd", "path": rel})
-        state.entries.update({k: v for k, v in changed.items() if k.startswith("@")})
+            changed[pseudo.name(Pseudo.CWD)] = Entry(ABSENT, HIDDEN, rel, (), {"what": "cwd", "path": rel})
+        state.entries.update({k: v for k, v in changed.items() if pseudo.is_pseudo(k)})
         tasks = self._task_cache.drain_log() if self._task_cache is not None else []
         if tasks and self._task_cache is not None:
             # A task served from the cache opened nothing: the files its result rests on
             # (recorded when it ran) are inputs of this cell all the same.
             for path, digest in self._task_cache.file_inputs(tasks).items():
-                inputs.setdefault(f"@file:{self._rel(path)}", digest)
-        if any(k.startswith("@file:") for k in inputs):
-            inputs["@cwd"] = self._rel(plan.cwd_before)
+                inputs.setdefault(pseudo.name(Pseudo.FILE, self._rel(path)), digest)
+        if any(k.startswith(Pseudo.FILE.value) for k in inputs):
+            inputs[pseudo.name(Pseudo.CWD)] = self._rel(plan.cwd_before)
         outputs_digest = self._stage_outputs(outputs, staged)
         count = self._count(reply)
         reason = "audit records every cell" if self.mode == "audit" else plan.reason

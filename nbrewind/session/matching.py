@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from nbrewind.session import outside, policy
+from nbrewind.session import outside, policy, pseudo
 from nbrewind.session.plan import CellPlan
 from nbrewind.session.state import UNSERIALIZABLE, Entry
 from nbrewind.store.catalog import CellRun
@@ -83,6 +83,6 @@ def first_changed_input(run: CellRun, current_key: Callable[[str], str]) -> str 
         if current_key(name) != recorded:
             if name == outside.IMPURE:
                 return f"the recorded run {recorded}, which a replay cannot do"
-            what = name[1:] if name.startswith("@") else name
+            what = name[1:] if pseudo.is_pseudo(name) else name
             return f"input {what} changed"
     return None

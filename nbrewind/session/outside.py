@@ -1,18 +1,8 @@
 """State outside the namespace that cell keys depend on and replays must restore:
 library settings, the user's own modules, and what a cell read of the world.
 
-Pseudo-inputs and pseudo-variables this module owns (their names are keys of a
-cell run's `inputs` and of a checkpoint's entries):
-
-| name | input: digest of | written entry restores |
-|---|---|---|
-| ``@setting:<name>`` | a registered library setting (identity.settings) | the setting's snapshot |
-| ``@src:<module>`` | a local module's source file | (never written) |
-| ``@mstate:<module>`` | a local module's data attributes | those attributes |
-| ``@dir:<path>`` | the names a listing returned | (never written) |
-| ``@stat:<path>`` | what a stat could tell (missing, dir, size and content) | (never written) |
-| ``@kind:<path>`` | what an existence check could tell (missing, dir, file) | (never written) |
-| ``@impure`` | why the cell can never be replayed; never matches | (never written) |
+The pseudo-inputs it computes are in `OWNED`; their names are built and parsed by
+`session.pseudo`, which lists every kind.
 """
 
 from __future__ import annotations
@@ -32,12 +22,16 @@ from nbrewind.identity import settings as settings_registry
 from nbrewind.identity.code import code_info
 from nbrewind.identity.files import file_digest
 from nbrewind.identity.modules import is_local_module, local_modules, module_source_path
+from nbrewind.session import pseudo
+from nbrewind.session.pseudo import ABSENT, Pseudo
 from nbrewind.session.state import HIDDEN, Entry
 from nbrewind.store.objects import ObjectStore
 
-ABSENT = "absent"
-IMPURE = "@impure"
-_PREFIXES = ("@setting:", "@src:", "@mstate:", "@dir:", "@stat:", "@kind:")
+IMPURE = pseudo.name(Pseudo.IMPURE)
+#: The pseudo-inputs this module computes the keys of.
+OWNED = frozenset(
+    {Pseudo.SETTING, Pseudo.SOURCE, Pseudo.MODULE_STATE, Pseudo.LISTING, Pseudo.STAT, Pseudo.KIND, Pseudo.IMPURE}
+)
 # Names through which code reads a global RNG's state without drawing from it
 # (`random.getstate()`, `np.random.get_state()`, the generators behind the module
 # functions). A draw changes the state and is seen without them; seeding and making
@@ -47,7 +41,8 @@ RNG_NAMES = frozenset({"getstate", "get_state", "_inst", "_rand", "get_bit_gener
 
 def owns(name: str) -> bool:
     """Whether `name` is a pseudo-input this module computes."""
-    return name == IMPURE or name.startswith(_PREFIXES)
+    parsed = pseudo.parse(name)
+    return parsed is not None and parsed[0] in OWNED
 
 
 class Outside:
@@ -66,23 +61,23 @@ class Outside:
 
     # -- keys -------------------------------------------------------------------------
 
-    def key(self, name: str) -> str:
-        """The digest `name` has now (compare with a recorded input)."""
-        if name == IMPURE:
+    def key(self, kind: Pseudo, arg: str) -> str:
+        """The digest the pseudo-input `kind`/`arg` has now (compare with a recorded input)."""
+        if kind is Pseudo.IMPURE:
             return ""  # never equal to a recorded reason: an impure cell always runs
-        if name.startswith("@setting:"):
-            return self.setting_keys([name[9:]]).get(name[9:], ABSENT)
-        if name.startswith("@src:"):
-            return self._source_key(name[5:])
-        if name.startswith("@mstate:"):
-            module = sys.modules.get(name[8:])
+        if kind is Pseudo.SETTING:
+            return self.setting_keys([arg]).get(arg, ABSENT)
+        if kind is Pseudo.SOURCE:
+            return self._source_key(arg)
+        if kind is Pseudo.MODULE_STATE:
+            module = sys.modules.get(arg)
             return module_state_key(module) if module is not None else ABSENT
-        if name.startswith("@dir:"):
-            return listing_key(self.absolute(name[5:]))
-        if name.startswith("@stat:"):
-            return stat_key(self.absolute(name[6:]))
-        if name.startswith("@kind:"):
-            return stat_key(self.absolute(name[6:]), kind_only=True)
+        if kind is Pseudo.LISTING:
+            return listing_key(self.absolute(arg))
+        if kind is Pseudo.STAT:
+            return stat_key(self.absolute(arg))
+        if kind is Pseudo.KIND:
+            return stat_key(self.absolute(arg), kind_only=True)
         return ABSENT
 
     def setting_keys(self, names: Iterable[str] | None = None) -> dict[str, str]:
@@ -111,10 +106,10 @@ class Outside:
 
     def before(self) -> dict[str, str]:
         """Inputs every cell has: each setting, and each loaded local module's source and state."""
-        inputs = {f"@setting:{k}": v for k, v in self.setting_keys().items()}
+        inputs = {pseudo.name(Pseudo.SETTING, k): v for k, v in self.setting_keys().items()}
         for name, module in local_modules().items():
-            inputs[f"@src:{name}"] = self._source_key(name)
-            inputs[f"@mstate:{name}"] = module_state_key(module)
+            inputs[pseudo.name(Pseudo.SOURCE, name)] = self._source_key(name)
+            inputs[pseudo.name(Pseudo.MODULE_STATE, name)] = module_state_key(module)
         return inputs
 
     # -- after a cell ran -----------------------------------------------------------------
@@ -131,7 +126,7 @@ class Outside:
         # is already an entry: only live changes are this cell's.
         moved = [
             n for n, key in now.items()
-            if before.get(f"@setting:{n}") != key and key != ABSENT and n not in self.pending_settings
+            if before.get(pseudo.name(Pseudo.SETTING, n)) != key and key != ABSENT and n not in self.pending_settings
         ]
         if moved:
             snapshots = settings_registry.capture_settings(moved)
@@ -142,36 +137,36 @@ class Outside:
                     continue
                 staged.append(result)
                 written += result.new_bytes
-                changed[f"@setting:{name}"] = Entry(result.digest, HIDDEN, now[name], (), {"what": "setting", "setting": name})
+                changed[pseudo.name(Pseudo.SETTING, name)] = Entry(result.digest, HIDDEN, now[name], (), {"what": "setting", "setting": name})
         for name, module in local_modules().items():
-            source = f"@src:{name}"
+            source = pseudo.name(Pseudo.SOURCE, name)
             if source not in before:  # imported by this cell: it depended on the file it loaded
                 inputs[source] = self._source_key(name)
             state = module_state_key(module)
-            if before.get(f"@mstate:{name}", "") == state:
+            if before.get(pseudo.name(Pseudo.MODULE_STATE, name), "") == state:
                 continue
             result = stage_group(self.objects, module_data(module))
             if isinstance(result, Unserializable):
-                if f"@mstate:{name}" in before:
+                if pseudo.name(Pseudo.MODULE_STATE, name) in before:
                     impure.append(f"changes module {name}, whose state cannot be stored")
                 continue
             staged.append(result)
             written += result.new_bytes
-            changed[f"@mstate:{name}"] = Entry(result.digest, HIDDEN, state, (), {"what": "mstate", "module": name})
+            changed[pseudo.name(Pseudo.MODULE_STATE, name)] = Entry(result.digest, HIDDEN, state, (), {"what": "mstate", "module": name})
         return written, impure
 
     def world_inputs(self, tracker: Any, env_before: Mapping[str, str], inputs: dict[str, str], env_key: Callable[[str | None], str]) -> None:
         """Listings, stats and environment variables the cell read (`checkpoint.world.WorldTracker`)."""
         for path, key in sorted(tracker.listings.items()):
-            inputs[f"@dir:{self.rel(path)}"] = key
+            inputs[pseudo.name(Pseudo.LISTING, self.rel(path))] = key
         for path, key in sorted(tracker.stats.items()):
-            inputs[f"@stat:{self.rel(path)}"] = key
+            inputs[pseudo.name(Pseudo.STAT, self.rel(path))] = key
         for path, key in sorted(tracker.kinds.items()):
             if path not in tracker.stats:  # a full stat says more
-                inputs[f"@kind:{self.rel(path)}"] = key
+                inputs[pseudo.name(Pseudo.KIND, self.rel(path))] = key
         names = set(tracker.env_reads) | (set(env_before) if tracker.env_listed else set())
         for var in sorted(names):
-            inputs[f"@env:{var}"] = env_key(env_before.get(var))
+            inputs[pseudo.name(Pseudo.ENV, var)] = env_key(env_before.get(var))
         if tracker.impure:
             inputs[IMPURE] = "; ".join(tracker.impure)
 

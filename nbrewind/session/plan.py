@@ -12,12 +12,12 @@ from nbrewind.analysis import CellEffects
 from nbrewind.analysis.uses import Use
 from nbrewind.checkpoint.draws import DrawWatch
 from nbrewind.checkpoint.namespace import LazyNamespace
+from nbrewind.session.pseudo import ABSENT
 from nbrewind.session.state import Entry
 from nbrewind.store.catalog import CellRun
 from nbrewind.store.digest import digest_bytes
 
 Emit = Callable[[str, dict[str, Any], dict[str, Any], list[bytes]], None]
-ABSENT = "absent"
 
 
 @dataclass

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from nbrewind.checkpoint import hidden
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.values import StagedGroup, load_group, load_json, stage_group
-from nbrewind.session import policy
+from nbrewind.session import policy, pseudo
+from nbrewind.session.pseudo import Pseudo
 from nbrewind.checkpoint.serialize import Unserializable, digest_value
 from nbrewind.session.state import HIDDEN, MODULE, UNSERIALIZABLE, VALUE, Entry, LiveState, value_key
 
@@ -275,18 +276,23 @@ class RestoreMixin:
 
         scratch.set_loader(load)
         rng_states: dict[str, Any] = {}
+        env: dict[str, str | None] = {}
+        cwd: str | None = None
         for member, (digest, meta) in entries.items():
-            if member.startswith("@rng:"):
-                rng_states[member[5:]] = digest
-            elif not member.startswith("@"):
+            parsed = pseudo.parse(member)
+            if parsed is None:
                 scratch.set_pending(member, Entry.from_meta(digest, meta))
+            elif parsed[0] is Pseudo.RNG:
+                rng_states[parsed[1]] = digest
+            elif parsed[0] is Pseudo.ENV and "var" in meta:
+                env[meta["var"]] = meta.get("value")
+            elif parsed[0] is Pseudo.CWD and "path" in meta:
+                cwd = meta["path"]
         # A fresh run of the notebook never ran this cell a second time: its draws from the
         # global RNGs must not count, and it draws what the original run drew; it sees the
         # environment variables and working directory the notebook had set by then.
         saved = hidden.capture_rng()
-        env = {e["var"]: e.get("value") for n, (_, e) in entries.items() if n.startswith("@env:") and "var" in e}
         saved_env = {var: os.environ.get(var) for var in env}
-        cwd = next((e["path"] for n, (_, e) in entries.items() if n == "@cwd" and "path" in e), None)
         saved_cwd = os.getcwd()
         try:
             hidden.restore_rng({which: load_group(self.state.objects, d)["state"] for which, d in rng_states.items()})
