@@ -282,3 +282,170 @@ def test_submitters_on_several_threads_share_one_writer_thread(tmp_path: Path) -
                 writer._queue.put(None)
             writer.close()
             assert len(ran_on) == 1, f"trial {trial}: {len(ran_on)} writer threads ran jobs"
+
+
+# -- the backlog bound (issue 13: a shutdown must find little left to write) -------------------
+
+
+def test_the_backlog_estimate_counts_jobs_bytes_and_task_rows() -> None:
+    """Queued work is priced at the writer's rates: a fixed cost per job, bytes at the write
+    rate, task-log rows at the row rate."""
+    writer = BackgroundWriter()
+    writer.write_rate, writer.job_seconds, writer.row_seconds = 100e6, 0.01, 1e-5
+    started, release = threading.Event(), threading.Event()
+    try:
+        writer.submit(blocked_job(started, release, [], "big"), nbytes=300_000_000)
+        writer.submit(lambda: None, rows=100_000)
+        assert started.wait(TIMEOUT)
+        assert writer.backlog_seconds() == pytest.approx(2 * 0.01 + 3.0 + 1.0)
+    finally:
+        release.set()
+        writer.close()
+    assert writer.backlog_seconds() == 0.0
+
+
+def test_waiting_for_the_backlog_returns_once_the_job_under_way_has_written_enough() -> None:
+    """A large job reports its bytes as they reach the disk (`advance`): the wait before the
+    reply ends when what is left fits the bound, not when the whole job is done."""
+    writer = BackgroundWriter()
+    writer.write_rate, writer.job_seconds = 1e9, 0.0
+    steps = [threading.Event() for _ in range(4)]
+    advanced = [threading.Event() for _ in range(4)]
+    events: list[str] = []
+
+    def job() -> None:
+        for step, done in zip(steps, advanced):
+            if not step.wait(TIMEOUT):
+                raise TimeoutError("the test never released the job")
+            events.append("advanced")
+            writer.advance(1_000_000_000)
+            done.set()
+        events.append("job done")
+
+    def wait_then_note() -> None:
+        writer.wait_for_backlog(2.5)  # what is left must take at most 2.5 s
+        events.append("reply")
+
+    try:
+        writer.submit(job, nbytes=4_000_000_000)  # 4 s at 1 GB/s
+        waiter = in_thread(wait_then_note)
+        steps[0].set()
+        assert advanced[0].wait(TIMEOUT)
+        waiter.join(EARLY)
+        assert waiter.is_alive(), "the wait ended with 3 s left to write"
+        steps[1].set()  # 2 s left
+        waiter.join(TIMEOUT)
+        assert not waiter.is_alive()
+        assert events == ["advanced", "advanced", "reply"]
+        assert writer.pending() == (1, 2_000_000_000)
+        steps[2].set()
+        steps[3].set()
+        writer.flush()
+        assert events[-1] == "job done" and writer.pending() == (0, 0)
+    finally:
+        for step in steps:
+            step.set()
+        writer.close()
+
+
+def test_advance_never_takes_more_than_the_job_announced(writer: BackgroundWriter) -> None:
+    """A job that writes more than it announced (a chunk another job held) cannot push the
+    pending bytes below the next job's."""
+    started, release = threading.Event(), threading.Event()
+
+    def job() -> None:
+        writer.advance(500)
+        started.set()
+        release.wait(TIMEOUT)
+
+    writer.submit(job, nbytes=100)
+    writer.submit(lambda: None, nbytes=70)
+    assert started.wait(TIMEOUT)
+    assert writer.pending() == (2, 70)
+    release.set()
+    writer.flush()
+    assert writer.pending() == (0, 0)
+
+
+def test_the_writer_measures_its_write_rate_from_large_jobs(writer: BackgroundWriter) -> None:
+    """After a large job the rate is the job's own, blended with the prior: a machine slower
+    than the default (200 MB/s) is priced slower."""
+    gate = threading.Event()
+    writer.submit(lambda: gate.wait(0.5), nbytes=20_000_000)  # 20 MB in >= 0.5 s: <= 40 MB/s
+    writer.flush()
+    assert writer.write_rate < 121e6  # (200 + at most 40.8) / 2 MB/s
+
+
+def test_a_finished_job_is_released_before_the_writer_waits_for_the_next(writer: BackgroundWriter) -> None:
+    """A job holds its cell's staged copies: once it ran, the writer keeps no reference to it."""
+    import gc
+    import weakref
+
+    class Copies:
+        pass
+
+    copies = Copies()
+    ref = weakref.ref(copies)
+    writer.submit(functools.partial(lambda held: None, copies), nbytes=10)
+    del copies
+    writer.flush()
+    gc.collect()
+    assert ref() is None
+
+
+def test_the_first_large_checkpoint_waits_for_the_disk_measurement() -> None:
+    """Until `calibrate`'s probe has measured the disk, a backlog that is a sizeable part of
+    the bound even at the default rate waits for it; then it is priced at the measured rate."""
+    writer = BackgroundWriter()
+    probing, measured, release = threading.Event(), threading.Event(), threading.Event()
+    events: list[str] = []
+
+    def probe() -> float:
+        probing.set()
+        if not measured.wait(TIMEOUT):
+            raise TimeoutError("the test never finished the probe")
+        events.append("measured")
+        return 10e6  # a slow disk: 10 MB/s
+
+    def big() -> None:
+        release.wait(TIMEOUT)
+        events.append("written")
+
+    def wait_then_note() -> None:
+        writer.wait_for_backlog(2.0)
+        events.append("reply")
+
+    try:
+        writer.calibrate(probe)
+        writer.submit(big, nbytes=100_000_000)  # 0.5 s at the default rate, 10 s at the measured one
+        assert probing.wait(TIMEOUT)
+        waiter = in_thread(wait_then_note)
+        waiter.join(EARLY)
+        assert waiter.is_alive(), "the reply went out before the disk was measured"
+        measured.set()
+        waiter.join(EARLY)
+        assert waiter.is_alive(), "10 s of writing left, and the reply went out"
+        assert writer.write_rate == 10e6
+        release.set()
+        waiter.join(TIMEOUT)
+        assert events == ["measured", "written", "reply"]
+    finally:
+        measured.set()
+        release.set()
+        writer.close()
+
+
+def test_a_probe_that_fails_leaves_the_default_rate_and_reports_nothing() -> None:
+    writer = BackgroundWriter()
+
+    def probe() -> float:
+        raise OSError(30, "Read-only file system")
+
+    try:
+        writer.calibrate(probe)
+        writer.flush()
+        assert writer.take_failures() == []
+        assert writer.write_rate == 200e6
+        assert writer.wait_for_backlog(0.0) >= 0.0  # nothing pending, not calibrating: returns
+    finally:
+        writer.close()
