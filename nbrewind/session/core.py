@@ -12,13 +12,11 @@ a plain kernel.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 import time
-import traceback
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +29,7 @@ from nbrewind.checkpoint.outputs import OutputCapture, decode_outputs, encode_ou
 from nbrewind.checkpoint.serialize import Unserializable, digest_value
 from nbrewind.checkpoint.values import stage_group, stage_json
 from nbrewind.checkpoint.world import WorldTracker
-from nbrewind.errors import NbrewindError, StoreFullError, UntrustedStoreError
+from nbrewind.errors import NbrewindError, UntrustedStoreError
 from nbrewind.session import outside, policy, pseudo, purity
 from nbrewind.session.pseudo import Pseudo
 from nbrewind.session.plan import (
@@ -46,6 +44,7 @@ from nbrewind.session.plan import (
 )
 from nbrewind.session.commit import Committer
 from nbrewind.session.matching import Match, find_match
+from nbrewind.session.notices import Notices
 from nbrewind.session.restore import RestoreMixin
 from nbrewind.session.state import HIDDEN, Entry, LiveState
 from nbrewind.session.writer import BackgroundWriter
@@ -89,14 +88,9 @@ class Session(RestoreMixin):
         self.session_id = uuid.uuid4().hex
         self.enabled = True
         self.capture = OutputCapture()
-        self.notices: list[str] = []
+        self.channel = Notices(log)
         self.unrecordable: list[str] = []
         """Why the current cell must not be recorded (a value NBRewind could not bring back, a lost output)."""
-        self.infos: list[str] = []
-        self._log = log or _stderr_line
-        self._disk_full = False
-        self._cell_lines = 0
-        """NBRewind lines already written for the current request: at most one is."""
         self.start_dir = Path(os.getcwd()).resolve()
         self._store_path = store_path
         self._store: Store | None = None
@@ -162,7 +156,7 @@ class Session(RestoreMixin):
             self._outside = outside.Outside(self._store.objects, self._state.entries, self._rel, self._abs)
             # What the task layer logs is a notice too: the root logger's fallback would
             # write it to sys.stderr, which in a kernel is the cell's output.
-            self._interception.enter_context(_routed_logs(self.notice))
+            self._interception.enter_context(self.channel.routed_logs())
             # Every Dask task run from now until close() is cached in this store.
             self._task_cache = self._interception.enter_context(intercepting(TaskCache(self._store.root)))
         return self._store
@@ -173,28 +167,24 @@ class Session(RestoreMixin):
         assert self._state is not None
         return self._state
 
+    @property
+    def notices(self) -> list[str]:
+        """Every notice said in this kernel (`Notices.notices`)."""
+        return self.channel.notices
+
+    @property
+    def infos(self) -> list[str]:
+        return self.channel.infos
+
     def notice(self, text: str) -> None:
-        """Tell the user something about NBRewind itself: one line in the kernel's log (its
-        own stderr), never in the cell's outputs, which must be what a plain kernel shows.
-        At most one line per request is written; every notice is kept in `notices`, for
-        `%nbrewind why` and for tests."""
-        self.notices.append(text)
-        if self._cell_lines:
-            return
-        self._cell_lines += 1
-        self._log(" ".join(text.split()))
+        """Tell the user something about NBRewind itself: see `Notices.notice`."""
+        self.channel.notice(text)
 
     def info(self, text: str) -> None:
-        """Something worth knowing but nothing to act on: the kernel's log, with NBREWIND_DEBUG."""
-        self.infos.append(text)
-        if os.environ.get("NBREWIND_DEBUG"):
-            self._log(text)
+        self.channel.info(text)
 
     def _warn(self, what: str, exc: BaseException | None = None) -> None:
-        detail = f": {type(exc).__name__}: {exc}" if exc is not None else ""
-        self.notice(f"NBRewind warning: {what}{detail}. The cell ran as on a plain kernel.")
-        if os.environ.get("NBREWIND_DEBUG") and exc is not None:
-            self._log("".join(traceback.format_exception(exc)))
+        self.channel.warn(what, exc)
 
     def _ready(self) -> bool:
         if not self.enabled or self._store_failed:
@@ -218,14 +208,14 @@ class Session(RestoreMixin):
     ) -> CellPlan:
         """Analyse the request and decide: replay it, or run and record it."""
         if not silent:
-            self._cell_lines = 0
+            self.channel.new_request()
             self.unrecordable = []
         if silent or not store_history or not self._ready():
             return CellPlan(record=False)
         for name in self.committer.take_lost():
             self.state.entries.pop(name, None)
             self.state.forget(name)
-        self._report_write_failures()
+        self.channel.report_write_failures(self.writer)
         try:
             plan = self._plan(code, cell_id, msg_id)
         except Exception as exc:
@@ -239,29 +229,6 @@ class Session(RestoreMixin):
             self._warn("could not start recording the cell", exc)
             return CellPlan(record=False)
         return plan
-
-    def _report_write_failures(self) -> None:
-        """Say which earlier checkpoints could not be written. A full disk is said once, until
-        a checkpoint is written again: every cell until then fails the same way."""
-        failures = self.writer.take_failures()
-        if not failures:
-            if self._disk_full and self.writer.pending() == (0, 0):
-                self._disk_full = False  # everything queued since was written: space is back
-            return
-        full = [f for f in failures if f.startswith(StoreFullError.__name__) or "No space left" in f]
-        if full and not self._disk_full:
-            self._disk_full = True
-            self.notice(
-                f"NBRewind warning: the store's disk is full ({full[0]}); checkpoints are not written until space "
-                "is freed, and the cells run as on a plain kernel. This is not repeated."
-            )
-        if self._disk_full:
-            return  # what else failed meanwhile (checkpoints naming the lost objects) is the same cause
-        for failure in failures:
-            self.notice(
-                f"NBRewind warning: an earlier cell's checkpoint could not be written ({failure}); "
-                "that cell will run again on repeat."
-            )
 
     def _plan(self, code: str, cell_id: str | None, msg_id: str | None) -> CellPlan:
         try:
@@ -724,39 +691,3 @@ class Session(RestoreMixin):
     def _abs(self, rel: str) -> str:
         return rel if os.path.isabs(rel) else str(self.start_dir / rel)
 
-
-def _stderr_line(text: str) -> None:
-    """The log of a session without a kernel: the process's own stderr. (In a kernel, fd 2
-    is a pipe into the cell's outputs; the kernel passes its logger instead.)"""
-    stream = sys.__stderr__
-    if stream is not None:
-        print(text, file=stream, flush=True)
-
-
-class _NoticeHandler(logging.Handler):
-    """Hands the ``nbrewind`` loggers' records to the session's one notice channel."""
-
-    def __init__(self, notice: Callable[[str], None]) -> None:
-        super().__init__(logging.WARNING)
-        self._notice = notice
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            self._notice(record.getMessage())
-        except Exception:
-            self.handleError(record)
-
-
-@contextlib.contextmanager
-def _routed_logs(notice: Callable[[str], None]) -> Iterator[None]:
-    """Route warnings of the ``nbrewind`` loggers to `notice` (and nowhere else) while open."""
-    logger = logging.getLogger("nbrewind")
-    handler = _NoticeHandler(notice)
-    propagate = logger.propagate
-    logger.addHandler(handler)
-    logger.propagate = False
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-        logger.propagate = propagate
