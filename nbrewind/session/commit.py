@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from nbrewind.checkpoint.values import StagedGroup
@@ -19,6 +20,7 @@ from nbrewind.errors import ObjectNotFoundError
 from nbrewind.session.plan import ABSENT
 from nbrewind.session.writer import BackgroundWriter
 from nbrewind.store import Store
+from nbrewind.store.objects import StagedBlob
 from nbrewind.tasks.cache import TaskCache
 
 __all__ = ["Committer"]
@@ -32,6 +34,7 @@ class Committer:
         self._lock = threading.Lock()
         self._parent: int | None = None
         self._lost: set[str] = set()
+        self._calibrated = False
 
     def submit(
         self,
@@ -43,9 +46,18 @@ class Committer:
         nbytes: int,
         tasks: list[Any],
     ) -> None:
-        """Queue one cell run: ``entries`` (name -> (digest, meta)) is its full checkpoint."""
+        """Queue one cell run: ``entries`` (name -> (digest, meta)) is its full checkpoint;
+        ``nbytes`` is what its staged objects hold until they are written.
+
+        Called before the kernel replies: the staged chunks are snapshotted or copied
+        here (``ObjectStore.protect``), so the next cell may change every value at once.
+        """
+        store.objects.protect(list(_blobs(staged)))
+        if not self._calibrated:
+            self._calibrated = True
+            self.writer.calibrate(store.objects.probe_write_rate)
         job = functools.partial(self._commit, store, task_cache, run, entries, staged, tasks)
-        self.writer.submit(job, nbytes)
+        self.writer.submit(job, nbytes, rows=len(tasks))
 
     def rebase(self, checkpoint_id: int | None) -> None:
         """Make ``checkpoint_id`` the parent of the next checkpoint (after `%nbrewind restore`)."""
@@ -71,12 +83,11 @@ class Committer:
     ) -> None:
         objects = store.objects
         lost: set[str] = set()
+        progress = self.writer.advance
         try:
-            for item in staged:
-                if isinstance(item, StagedGroup):
-                    item.commit(objects)
-                else:
-                    objects.commit(item)
+            # Each blob reports progress, so the writer's backlog shrinks while a large cell is written.
+            for blob in _blobs(staged):
+                objects.commit(blob, progress=progress)
         finally:
             # Names whose objects are not on disk (this write failed, or an earlier one
             # this checkpoint builds on) must be stored again by the next cell.
@@ -99,3 +110,13 @@ class Committer:
                 catalog.update_cell_run(run_id, task_hits=hits, task_misses=misses)
         with self._lock:
             self._parent = checkpoint_id
+
+
+def _blobs(staged: list[Any]) -> Iterator[StagedBlob]:
+    """The staged blobs in commit order: a group is its blobs, then its tree (as StagedGroup.commit)."""
+    for item in staged:
+        if isinstance(item, StagedGroup):
+            yield from item.blobs
+            yield item.tree
+        else:
+            yield item

@@ -393,6 +393,42 @@ def test_a_finished_job_is_released_before_the_writer_waits_for_the_next(writer:
     assert ref() is None
 
 
+def test_staged_chunks_are_counted_until_the_committer_has_written_them(tmp_path: Path) -> None:
+    """The writer's cap counts what staging holds: a cell's new chunks are held by the store
+    from staging until its commit, protected (here copied) when the run is submitted, so the
+    next cell may change the value at once."""
+    import numpy as np
+
+    from nbrewind.session.commit import Committer
+    from nbrewind.store.objects import BLOB_CHUNK_SIZE
+
+    writer = BackgroundWriter()
+    committer = Committer(writer)
+    with Store.open(tmp_path / "store", create=True) as store:
+        value = np.random.default_rng(0).random(3 * BLOB_CHUNK_SIZE // 8)
+        staged = store.objects.stage_blob(value)
+        assert store.objects.held_bytes == staged.new_bytes == value.nbytes
+        started, release = threading.Event(), threading.Event()
+        writer.submit(blocked_job(started, release, [], "earlier cell"))
+        assert started.wait(TIMEOUT)
+        run = {
+            "session": "s", "kernel": "audit", "execution_count": 1, "cell_id": None, "code": "v = ...",
+            "code_digest": "0" * 32, "decision": "executed", "reason": "test", "started": 0.0, "duration": 0.0,
+        }
+        committer.submit(store, None, run, {"v": (staged.digest, {})}, [staged], staged.new_bytes, [])
+        value[:] = 0.0  # the next cell, while the commit waits its turn
+        assert writer.pending()[1] == staged.new_bytes
+        assert store.objects.held_bytes == value.nbytes
+        release.set()
+        writer.flush()
+        assert writer.take_failures() == []
+        assert store.objects.held_bytes == 0 and writer.pending() == (0, 0)
+        restored = np.frombuffer(store.objects.get_blob(staged.digest))
+        assert np.array_equal(restored, np.random.default_rng(0).random(3 * BLOB_CHUNK_SIZE // 8))
+        assert [r.code for r in store.catalog.cell_runs()] == ["v = ..."]
+    writer.close()
+
+
 def test_the_first_large_checkpoint_waits_for_the_disk_measurement() -> None:
     """Until `calibrate`'s probe has measured the disk, a backlog that is a sizeable part of
     the bound even at the default rate waits for it; then it is priced at the measured rate."""
