@@ -11,6 +11,11 @@ from typing import Any
 
 KERNELS = {"audit": "nbrewind-audit", "repeat": "nbrewind-repeat", "python3": "python3"}
 
+#: Seconds the kernel gets to finish its writes after the shutdown request before it is
+#: killed (jupyter_client's default is 5 s, with SIGTERM at half of it). The kernel exits
+#: as soon as its last checkpoints are durable, so this only bounds a stuck kernel.
+SHUTDOWN_WAIT_SECONDS = 120.0
+
 
 @dataclass
 class RunResult:
@@ -40,16 +45,20 @@ def run_notebook(
     allow_errors: bool = False,
     env: dict[str, str] | None = None,
     quiet: bool = False,
+    shutdown_wait: float = SHUTDOWN_WAIT_SECONDS,
 ) -> RunResult:
     """Execute `notebook` on the audit, repeat or plain python3 kernel and write the outputs.
 
     The kernel starts in the notebook's folder. Unless `store` is given the
     NBRewind kernels use `<notebook>.nbrewind` beside it, so a later repeat run of
-    the same notebook finds the audit's records.
+    the same notebook finds the audit's records. The kernel is shut down gracefully
+    and given `shutdown_wait` seconds to make its last cells durable: every cell the
+    run executed is recorded when this returns.
     """
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
+    from traitlets.config import Config
 
     path = Path(notebook).resolve()
     if kernel not in KERNELS:
@@ -67,6 +76,8 @@ def run_notebook(
         allow_errors=allow_errors,
         resources={"metadata": {"path": str(path.parent)}},
         record_timing=True,
+        shutdown_kernel="graceful",
+        config=Config({"KernelManager": {"shutdown_wait_time": float(shutdown_wait)}}),
     )
     started = time.perf_counter()
     error = None

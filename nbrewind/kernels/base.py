@@ -8,13 +8,30 @@ ipykernel's request handlers and the session, and owns the patches it installs
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import sys
+import threading
+from types import FrameType
 from typing import Any, ClassVar
 
 from ipykernel.ipkernel import IPythonKernel
 
 from nbrewind._version import __version__
 from nbrewind.session import Session
+
+#: Longest the writer's backlog may take to drain when the kernel replies to a cell (seconds).
+#: Jupyter clients send SIGTERM half-way through their shutdown wait (5 s by default) and
+#: SIGKILL at its end; the kernel holds off SIGTERM while it finishes writing, so a backlog
+#: this short is durable before the kill. NBREWIND_BACKLOG_SECONDS overrides it.
+BACKLOG_SECONDS = 2.0
+
+
+def _backlog_bound() -> float:
+    try:
+        return float(os.environ.get("NBREWIND_BACKLOG_SECONDS", BACKLOG_SECONDS))
+    except ValueError:
+        return BACKLOG_SECONDS
 
 
 class NbrewindKernel(IPythonKernel):
@@ -30,6 +47,12 @@ class NbrewindKernel(IPythonKernel):
             kwargs["user_ns"] = namespace
         super().__init__(**kwargs)
         self._patches = contextlib.ExitStack()
+        self._backlog_seconds = _backlog_bound()
+        self._shutting_down = False
+        self._sigterm_before: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self._sigterm_before = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._patches.callback(self._restore_sigterm)  # undone last: after the final flush
         self.nbrewind = Session.for_shell(self.shell, mode=self.mode, emit=self._emit)
         self._patches.callback(self.nbrewind.close)
         self._patches.enter_context(self.nbrewind.observe_sends(self.session))
@@ -81,6 +104,9 @@ class NbrewindKernel(IPythonKernel):
             if stream is not None:
                 stream.flush()
         self.nbrewind.finish(plan, reply)
+        # Before the reply: a client that shuts the kernel down after its last cell
+        # (nbclient, papermill) kills it a few seconds later, so keep what is left short.
+        self.nbrewind.writer.wait_for_backlog(self._backlog_seconds)
         return reply
 
     def do_complete(self, code: str, cursor_pos: int | None) -> dict[str, Any]:  # type: ignore[override]
@@ -88,5 +114,28 @@ class NbrewindKernel(IPythonKernel):
         return self.nbrewind.complete_pending(code, cursor_pos, reply)
 
     def do_shutdown(self, restart: bool) -> dict[str, Any]:  # type: ignore[override]
+        """Make every recorded cell durable (the writer's backlog), then shut down.
+
+        Runs on ipykernel's control thread. The client's SIGTERM, which comes half-way
+        through its shutdown wait, is held off meanwhile; its SIGKILL still ends a
+        kernel that takes longer.
+        """
+        self._shutting_down = True
         self._patches.close()
         return super().do_shutdown(restart)
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        if self._shutting_down:
+            return  # do_shutdown is finishing the writes; the process exits right after
+        before = self._sigterm_before
+        if callable(before):
+            before(signum, frame)
+        elif before != signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.raise_signal(signal.SIGTERM)
+
+    def _restore_sigterm(self) -> None:
+        # Only the main thread may set handlers; a shutdown request arrives on the
+        # control thread, and the process ends right after it anyway.
+        if threading.current_thread() is threading.main_thread() and self._sigterm_before is not None:
+            signal.signal(signal.SIGTERM, self._sigterm_before)
