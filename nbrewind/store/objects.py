@@ -39,7 +39,7 @@ from nbrewind.errors import (
 from nbrewind.store import frame, snapshot
 from nbrewind.store.digest import DIGEST_LENGTH, digest_bytes, is_digest
 from nbrewind.store.fsio import TEMP_PREFIX, atomic_write, fsync_dir
-from nbrewind.store.signing import encode_ref, read_ref, ref_digest
+from nbrewind.store.signed_refs import encode_ref, read_ref, ref_digest
 
 __all__ = ["BLOB_CHUNK_SIZE", "STAGING_BUDGET", "TREE_MAGIC", "Buffer", "ObjectStore", "StagedBlob"]
 
@@ -53,6 +53,7 @@ _WRITE_THREADS = 2
 
 # Below this many new bytes in a cell, ``protect`` copies: a fork costs a few ms (bench_staging.py).
 _SNAPSHOT_MIN_BYTES = 8 << 20
+
 # A put that finds its object present re-hashes a file up to this size (header
 # included); larger ones (blob chunks) get the header and length check only.
 _REHASH_LIMIT = 64 * 1024

@@ -3,8 +3,8 @@
 Loading a checkpoint unpickles it, and unpickling runs code, so a kernel loads
 only stores this user signed. The pieces:
 
-- The secret: 32 random bytes in a file (mode 0600) next to the trust database,
-  created on first use. Nothing else is secret; everything below is keyed by it.
+- The secret (`secret`): 32 random bytes in a file (mode 0600) next to the trust
+  database, created on first use. Nothing else is secret; everything below is keyed by it.
 - The catalog head: the sum, modulo 2**256, of a keyed hash of every catalog
   row (table name and every column), or of every group of rows for the tables
   that grow by the hundred (``GROUPED``: a checkpoint's entries, a cell run's
@@ -17,7 +17,7 @@ only stores this user signed. The pieces:
   its ``meta`` rows, so SQL that would run on our writes is covered too.
 - The store signature: HMAC(secret, head, frame digest, SHA-256 of the backpack
   manifest at the store's root or nothing). Signatures live in the trust
-  database, outside every store; a store is trusted when the signature of what
+  database (`trustdb`), outside every store; a store is trusted when the signature of what
   it holds now is there. No file's presence or absence grants anything.
 - Ref MACs: task-result refs are files, not catalog rows; each carries
   HMAC(secret, namespace, name, digest), and a ref whose MAC fails is a miss.
@@ -29,20 +29,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
-import secrets
 import sqlite3
-import threading
-import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nbrewind.errors import StoreError
-from nbrewind.store.digest import is_digest
+from nbrewind.store.secret import Keys, secret_path, trust_db_path, user_keys
+from nbrewind.store.trustdb import SignatureDB, signature_db
 
 __all__ = [
     "HEAD_KEY_PREFIX",
@@ -52,12 +46,9 @@ __all__ = [
     "SignatureDB",
     "GROUPED",
     "catalog_head",
-    "encode_ref",
     "frame_digest",
     "group_term",
     "manifest_digest",
-    "read_ref",
-    "ref_digest",
     "ref_mac",
     "row_term",
     "secret_path",
@@ -72,122 +63,6 @@ HEAD_KEY_PREFIX = "head:"
 """``meta`` key prefix of a head (one per user key, so two users' heads never mix)."""
 
 _MODULUS = 1 << 256
-_KEEP_PER_STORE = 8
-"""Signatures kept per store folder: the committed head is always among the newest."""
-_KEEP_TOTAL = 20_000
-"""Beyond this many signatures the least recently seen go, as Jupyter culls its db."""
-
-
-def trust_db_path() -> Path:
-    """The trust database: ``NBREWIND_TRUST_DB``, else under the Jupyter data dir."""
-    explicit = os.environ.get("NBREWIND_TRUST_DB")
-    if explicit:
-        return Path(explicit).expanduser()
-    from jupyter_core.paths import jupyter_data_dir
-
-    return Path(jupyter_data_dir()) / "nbrewind" / "trust.db"
-
-
-def secret_path() -> Path:
-    """This user's signing secret: beside the trust database, named after it
-    (``trust.db`` -> ``trust.secret``), so ``NBREWIND_TRUST_DB`` moves both."""
-    db = trust_db_path()
-    return db.with_name(db.stem + ".secret")
-
-
-@dataclass(frozen=True)
-class Keys:
-    """Keys derived from the secret, one per purpose."""
-
-    rows: bytes
-    stores: bytes
-    refs: bytes
-    key_id: str
-    """Names this user's head in a catalog's ``meta`` (a hash, revealing nothing)."""
-
-
-_keys: dict[str, Keys] = {}
-_keys_lock = threading.Lock()
-
-
-def user_keys() -> Keys:
-    """The keys of the secret at ``secret_path()``, created on first use."""
-    path = secret_path()
-    cache_key = str(path)
-    keys = _keys.get(cache_key)
-    if keys is None:
-        with _keys_lock:
-            keys = _keys.get(cache_key)
-            if keys is None:
-                secret = _read_or_create_secret(path)
-                keys = _keys[cache_key] = Keys(
-                    rows=hmac.digest(secret, b"nbrewind catalog rows v1", "sha256"),
-                    stores=hmac.digest(secret, b"nbrewind store signatures v1", "sha256"),
-                    refs=hmac.digest(secret, b"nbrewind refs v1", "sha256"),
-                    key_id=hashlib.sha256(b"nbrewind key id v1" + secret).hexdigest()[:16],
-                )
-    return keys
-
-
-def _read_or_create_secret(path: Path) -> bytes:
-    for _ in range(50):
-        try:
-            text = path.read_text("ascii").strip()
-        except FileNotFoundError:
-            try:
-                _create_secret(path)
-            except OSError as exc:
-                raise StoreError(
-                    f"cannot create the NBRewind signing secret {path} ({exc}); set NBREWIND_TRUST_DB "
-                    f"to a file in a folder you can write"
-                ) from exc
-            continue
-        except (OSError, UnicodeDecodeError) as exc:
-            raise StoreError(
-                f"cannot read the NBRewind signing secret {path} ({exc}); make it readable by you "
-                f"(on a cluster: on every node), or set NBREWIND_TRUST_DB to a folder you own"
-            ) from exc
-        if len(text) == 64:
-            try:
-                return bytes.fromhex(text)
-            except ValueError:
-                pass
-        if not text:
-            time.sleep(0.01)  # another process is creating it right now
-            continue
-        break
-    raise StoreError(
-        f"the NBRewind signing secret {path} is damaged; delete it (every store then needs "
-        f"`jupyter nbrewind trust` once)"
-    )
-
-
-def _create_secret(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}-{os.getpid()}-{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, (secrets.token_hex(32) + "\n").encode("ascii"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.link(tmp, path)  # never replaces a secret another process just made
-    except FileExistsError:
-        pass
-    except OSError:  # a filesystem without hard links: create it in place (readers wait for it)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        except FileExistsError:
-            pass
-        else:
-            try:
-                os.write(fd, tmp.read_bytes())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    finally:
-        tmp.unlink()
 
 
 # -- catalog heads ------------------------------------------------------------------
@@ -294,148 +169,6 @@ def manifest_digest(store_root: str | os.PathLike[str]) -> str | None:
 def ref_mac(keys: Keys, namespace: str, name: str, digest: str) -> str:
     """The MAC a ref file carries after its digest."""
     return hmac.new(keys.refs, f"{namespace}\0{name}\0{digest}".encode("ascii"), "sha256").hexdigest()
-
-
-# -- the trust database ---------------------------------------------------------------
-
-
-class SignatureDB:
-    """The signatures this user made or accepted, and the backpack manifests whose
-    refs they accepted. One connection per process, shared under a lock.
-
-    A rollback journal (not WAL) so it works on a home folder on NFS; no fsync,
-    because a signature must survive the kernel being killed, which the OS
-    guarantees, while a power cut only costs a ``jupyter nbrewind trust``.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = None
-        self._pid = 0
-
-    def _connection(self, *, create: bool) -> sqlite3.Connection | None:
-        if self._conn is not None and self._pid == os.getpid():
-            return self._conn
-        if not create and not self.path.is_file():
-            return None
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        try:
-            conn.execute("PRAGMA busy_timeout = 30000")
-            conn.execute("PRAGMA journal_mode = PERSIST")
-            conn.execute("PRAGMA synchronous = OFF")
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS signatures (signature TEXT NOT NULL, store TEXT NOT NULL, "
-                "last_seen REAL NOT NULL, PRIMARY KEY (signature, store)) WITHOUT ROWID"
-            )
-            conn.execute("CREATE INDEX IF NOT EXISTS signatures_by_store ON signatures(store, last_seen)")
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS manifests (sha256 TEXT PRIMARY KEY, source TEXT, added REAL NOT NULL)"
-            )
-            (count,) = conn.execute("SELECT COUNT(*) FROM signatures").fetchone()
-            if count > _KEEP_TOTAL:
-                conn.execute(
-                    "DELETE FROM signatures WHERE last_seen <= (SELECT last_seen FROM signatures "
-                    "ORDER BY last_seen DESC LIMIT 1 OFFSET ?)",
-                    (_KEEP_TOTAL * 3 // 4,),
-                )
-        except BaseException:
-            conn.close()
-            raise
-        self._conn, self._pid = conn, os.getpid()
-        return conn
-
-    def _run(self, action: Callable[[sqlite3.Connection], Any], *, write: bool) -> Any:
-        with self._lock:
-            try:
-                conn = self._connection(create=write)
-                if conn is None:
-                    return None
-                return action(conn)
-            except sqlite3.Error as exc:
-                self._conn = None
-                if not write:
-                    return None  # an unreadable database trusts nothing
-                raise StoreError(
-                    f"cannot record a store signature in {self.path} ({exc}); make that file writable, "
-                    f"move it away if it is damaged (stores then need `jupyter nbrewind trust` again), "
-                    f"or set NBREWIND_TRUST_DB"
-                ) from exc
-            except OSError as exc:
-                self._conn = None
-                if not write:
-                    return None
-                raise StoreError(f"cannot create the trust database {self.path} ({exc}); set NBREWIND_TRUST_DB") from exc
-
-    def has(self, signature: str) -> bool:
-        """Whether this signature was made or accepted here."""
-        row = self._run(
-            lambda c: c.execute("SELECT 1 FROM signatures WHERE signature = ? LIMIT 1", (signature,)).fetchone(),
-            write=False,
-        )
-        return row is not None
-
-    def add(self, signature: str, store: str) -> bool:
-        """Record ``signature`` for the store folder ``store`` (refreshing it if
-        known), keep only that folder's newest few; return whether it was new."""
-
-        def add(conn: sqlite3.Connection) -> bool:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                known = conn.execute("SELECT 1 FROM signatures WHERE signature = ? LIMIT 1", (signature,)).fetchone()
-                conn.execute(
-                    "INSERT OR REPLACE INTO signatures (signature, store, last_seen) VALUES (?, ?, ?)",
-                    (signature, store, time.time()),
-                )
-                conn.execute(
-                    "DELETE FROM signatures WHERE store = ? AND last_seen < (SELECT last_seen FROM signatures "
-                    "WHERE store = ? ORDER BY last_seen DESC LIMIT 1 OFFSET ?)",
-                    (store, store, _KEEP_PER_STORE - 1),
-                )
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            return known is None
-
-        return bool(self._run(add, write=True))
-
-    def has_manifest(self, sha256: str) -> bool:
-        """Whether the user accepted the backpack manifest with this SHA-256 (and so
-        the ref files it lists)."""
-        row = self._run(lambda c: c.execute("SELECT 1 FROM manifests WHERE sha256 = ?", (sha256,)).fetchone(), write=False)
-        return row is not None
-
-    def add_manifest(self, sha256: str, source: str) -> None:
-        """Accept the ref files a verified backpack manifest lists."""
-        self._run(
-            lambda c: c.execute(
-                "INSERT OR REPLACE INTO manifests (sha256, source, added) VALUES (?, ?, ?)", (sha256, source, time.time())
-            ),
-            write=True,
-        )
-
-    def close(self) -> None:
-        """Close the connection (a later call reopens it)."""
-        with self._lock:
-            if self._conn is not None and self._pid == os.getpid():
-                self._conn.close()
-            self._conn = None
-
-
-_dbs: dict[str, SignatureDB] = {}
-_dbs_lock = threading.Lock()
-
-
-def signature_db() -> SignatureDB:
-    """The trust database at ``trust_db_path()``, one per path and process."""
-    path = trust_db_path()
-    with _dbs_lock:
-        db = _dbs.get(str(path))
-        if db is None:
-            db = _dbs[str(path)] = SignatureDB(path)
-        return db
 
 
 # -- keeping a writable catalog signed ------------------------------------------------------
@@ -660,64 +393,3 @@ class CatalogSigner:
             self._base, self._frame = self._pending
         self._resign = False
         self._pending = None
-
-
-# -- ref files -------------------------------------------------------------------------
-
-
-def encode_ref(namespace: str, name: str, digest: str) -> bytes:
-    """A ref file's content: the digest, then this user's MAC of it under its name."""
-    return f"{digest} {ref_mac(user_keys(), namespace, name, digest)}\n".encode("ascii")
-
-
-def ref_digest(raw: bytes) -> str | None:
-    """The digest a ref file names (trusted or not), or None for a damaged file."""
-    parts = raw.decode("ascii", errors="replace").split()
-    return parts[0] if parts and len(parts) <= 2 and is_digest(parts[0]) else None
-
-
-def read_ref(store_root: Path, namespace: str, name: str, raw: bytes) -> tuple[str | None, bool]:
-    """``(digest, trusted)`` of a ref file: trusted when its MAC is this user's, or
-    when it is byte for byte a ref file listed in a backpack manifest the user
-    trusted (refs packed elsewhere carry their packer's MAC). ``digest`` is None for
-    a damaged file."""
-    digest = ref_digest(raw)
-    if digest is None:
-        return None, False
-    parts = raw.decode("ascii", errors="ignore").split()  # a damaged MAC is a mismatch, not a crash
-    if len(parts) == 2 and hmac.compare_digest(parts[1], ref_mac(user_keys(), namespace, name, digest)):
-        return digest, True
-    listed = _trusted_manifest_refs(store_root)
-    expected = listed.get(f"nbrewind/refs/{namespace}/{name[:2]}/{name}") if listed else None
-    return digest, expected is not None and hmac.compare_digest(expected, hashlib.sha256(raw).hexdigest())
-
-
-_manifest_refs: dict[str, tuple[tuple[int, int], dict[str, str] | None]] = {}
-
-
-def _trusted_manifest_refs(store_root: Path) -> dict[str, str] | None:
-    """Archive path -> SHA-256 of the ref files listed in the store's backpack
-    manifest, if the user trusted that manifest (cached while the file is unchanged)."""
-    path = Path(store_root) / MANIFEST_NAME
-    try:
-        info = path.stat()
-    except OSError:
-        return None
-    stamp = (info.st_mtime_ns, info.st_size)
-    cached = _manifest_refs.get(str(path))
-    if cached is not None and cached[0] == stamp:
-        return cached[1]
-    listed: dict[str, str] | None = None
-    try:
-        data = path.read_bytes()
-        if signature_db().has_manifest(hashlib.sha256(data).hexdigest()):
-            files = json.loads(data.decode("utf-8")).get("files", [])
-            listed = {
-                str(f["path"]): str(f["sha256"])
-                for f in files
-                if isinstance(f, dict) and str(f.get("path", "")).startswith("nbrewind/refs/")
-            }
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        listed = None
-    _manifest_refs[str(path)] = (stamp, listed)
-    return listed
