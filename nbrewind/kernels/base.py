@@ -53,7 +53,8 @@ class NbrewindKernel(IPythonKernel):
         if threading.current_thread() is threading.main_thread():
             self._sigterm_before = signal.signal(signal.SIGTERM, self._on_sigterm)
             self._patches.callback(self._restore_sigterm)  # undone last: after the final flush
-        self.nbrewind = Session.for_shell(self.shell, mode=self.mode, emit=self._emit)
+        # The kernel's logger writes to the terminal; fd 2 itself is piped into cell outputs.
+        self.nbrewind = Session.for_shell(self.shell, mode=self.mode, emit=self._emit, log=self.log.warning)
         self._patches.callback(self.nbrewind.close)
         self._patches.enter_context(self.nbrewind.observe_sends(self.session))
         assert self.shell is not None

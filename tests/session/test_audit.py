@@ -191,6 +191,41 @@ def test_full_disk_is_one_warning_and_the_kernel_keeps_working(
         assert verify_store(store).ok
 
 
+def test_a_full_disk_is_said_once_until_space_is_back(
+    runner: Runner, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Fault injection as above (a real full disk cannot be made here). Five cells on a full
+    disk print one NBRewind line in all; once writes succeed again, the next full disk is
+    said again."""
+    runner.run(["import numpy as np"])
+    assert runner.session is not None
+
+    def full(self: ObjectStore, digest: str, piece: memoryview, verify: bool = False) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ObjectStore, "_write_chunk", full)
+        for i in range(5):
+            assert runner.cell(f"b{i} = np.full(50_000, {i}.0)").success
+            runner.flush()
+        assert runner.cell("c = 1").success
+    err = capfd.readouterr().err
+    assert err.count("NBRewind warning") == 1 and "disk is full" in err and "gc" not in err
+    runner.flush()
+    assert runner.cell("d = 2").success  # written: space is back
+    runner.flush()
+    assert runner.cell("e = 3").success
+    runner.flush()
+    with monkeypatch.context() as patch:
+        patch.setattr(ObjectStore, "_write_chunk", full)
+        runner.cell("f = np.full(50_000, 9.0)")
+        runner.flush()
+        runner.cell("g = 4")
+    assert capfd.readouterr().err.count("disk is full") == 1
+    with Store.open(runner.store) as store:
+        assert verify_store(store).ok
+
+
 def test_a_checkpoint_built_on_a_failed_write_is_refused(
     runner: Runner, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -215,7 +250,8 @@ def test_a_checkpoint_built_on_a_failed_write_is_refused(
         runner.flush()
     runner.cell("d = 4")
     runner.flush()
-    assert capfd.readouterr().err.count("NBRewind warning") == 2
+    # One line per cell: the full disk; the refused checkpoint built on it has the same cause.
+    assert capfd.readouterr().err.count("NBRewind warning") == 1
     with Store.open(runner.store) as store:
         runs = store.catalog.cell_runs()
         assert [r.code for r in runs] == ["import numpy as np", "d = 4"]
