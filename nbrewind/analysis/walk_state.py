@@ -10,6 +10,7 @@ from enum import Enum
 from nbrewind.analysis.callsites import CallSite, base_name
 from nbrewind.analysis.scopes import (
     DYNAMIC_NAMES,
+    FunctionNode,
 )
 
 
@@ -160,6 +161,12 @@ class WalkerState:
         raise NotImplementedError
 
     def expr(self, node: ast.expr) -> None:
+        raise NotImplementedError
+
+    def assign_target(self, target: ast.expr, *, definitely: bool = True) -> None:
+        raise NotImplementedError
+
+    def _define(self, node: FunctionNode) -> frozenset[str]:
         raise NotImplementedError
 
     def _magic(self, node: ast.Call) -> bool:
