@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from nbrewind.analysis import CellEffects
@@ -60,6 +62,36 @@ class LastCell:
     seconds: float = 0.0
     bytes_written: int = 0
     checkpoint_seconds: float = 0.0
+
+
+@dataclass
+class RngLedger:
+    """What the session knows of the global RNGs between cells: read and written by the
+    keys, the recorder, replay and restore, which is why it is one object."""
+
+    pending: dict[str, Entry] = field(default_factory=dict)
+    """States replayed cells left, applied just before the next cell runs."""
+    left: dict[str, str] = field(default_factory=dict)
+    """Digest of each global RNG state as the last recorded or replayed cell left it."""
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Paths in keys and records are relative to the kernel's start folder when they lie
+    inside it, so that a store moved with its notebook still matches."""
+
+    start_dir: Path
+
+    def rel(self, path: str) -> str:
+        """A path relative to the kernel's start folder when it lies inside it (portable keys)."""
+        p = Path(path).resolve()
+        try:
+            return p.relative_to(self.start_dir).as_posix() or "."
+        except ValueError:
+            return p.as_posix()
+
+    def abs(self, rel: str) -> str:
+        return rel if os.path.isabs(rel) else str(self.start_dir / rel)
 
 
 class FunctionView(Mapping[str, Any]):

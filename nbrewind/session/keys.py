@@ -1,0 +1,151 @@
+"""The cell key before a cell runs: what the cell may read, and the key of every input now.
+
+A key is conservative: a name the cell might read is an input, and anything that cannot
+be digested makes the key one no record matches. On repeat the same keys answer
+`find_match` (matching.py): is there a recorded run whose every input is as it is now?
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from nbrewind.analysis import DYNAMIC_NAMES, CellEffects, analyze_cell, transitive_reads
+from nbrewind.checkpoint import hidden
+from nbrewind.checkpoint.namespace import LazyNamespace
+from nbrewind.checkpoint.serialize import Unserializable, digest_value
+from nbrewind.session import outside, policy, pseudo
+from nbrewind.session.matching import Match, find_match
+from nbrewind.session.plan import ABSENT, CellPlan, FunctionView, Paths, RngLedger, env_key
+from nbrewind.session.pseudo import Pseudo
+from nbrewind.store.digest import digest_bytes
+
+if TYPE_CHECKING:
+    from nbrewind.session.state import LiveState
+    from nbrewind.store.catalog import Catalog
+
+__all__ = ["Keys", "user_names"]
+
+
+def user_names(shell: Any) -> set[str]:
+    """The names the user's cells made (not IPython's own)."""
+    ns = shell.user_ns
+    hidden_ns = getattr(shell, "user_ns_hidden", {})
+    return {n for n in ns.keys() if policy.is_user_name(n, dict.get(ns, n), hidden_ns)}
+
+
+class Keys:
+    """Plans a request: analyses the cell, lists what it reads, keys every input, and on
+    repeat looks for a recorded run to replay."""
+
+    def __init__(
+        self,
+        shell: Any,
+        *,
+        mode: str,
+        state: LiveState,
+        outside: outside.Outside,
+        rng: RngLedger,
+        paths: Paths,
+        catalog: Catalog,
+    ) -> None:
+        self._shell = shell
+        self._mode = mode
+        self._state = state
+        self._outside = outside
+        self._rng = rng
+        self._paths = paths
+        self._catalog = catalog
+
+    def plan(self, code: str, cell_id: str | None, msg_id: str | None) -> CellPlan:
+        """The request's plan: its effects, reads and inputs, and on repeat the decision."""
+        try:
+            transformed = self._shell.transform_cell(code)
+        except Exception:
+            transformed = code
+        effects = analyze_cell(transformed, allowed_magics=policy.ALLOWED_MAGICS, code_magics=policy.CODE_MAGICS)
+        plan = CellPlan(
+            record=True,
+            code=code,
+            transformed=transformed,
+            code_digest=policy.code_digest(transformed),
+            cell_id=cell_id,
+            msg_id=msg_id,
+            effects=effects,
+        )
+        plan.reads = self.reads(effects)
+        plan.inputs = {name: self.key(name) for name in sorted(plan.reads)}
+        if effects.dynamic or plan.reads & DYNAMIC_NAMES:
+            # `'x' in globals()`: which names exist is itself an input.
+            plan.inputs[pseudo.name(Pseudo.NAMES)] = self.hidden_key(pseudo.name(Pseudo.NAMES))
+        if self._mode == "repeat":
+            self._find_match(plan)
+        return plan
+
+    def reads(self, effects: CellEffects) -> set[str]:
+        """Every name whose value the cell may depend on (statically, and through the
+        notebook functions it calls)."""
+        if effects.dynamic:
+            return user_names(self._shell) | set(effects.reads) | set(effects.mutated)
+        reads = set(effects.reads) | set(effects.mutated) | set(effects.deletes)
+        reads |= set(transitive_reads(frozenset(reads), FunctionView(self._shell.user_ns, self._state.entries)))
+        if reads & DYNAMIC_NAMES:
+            return reads | user_names(self._shell)
+        return reads
+
+    def key(self, name: str) -> str:
+        """The digest a cell key records for `name` now."""
+        entry = self._state.entries.get(name)
+        ns = self._shell.user_ns
+        present = dict.__contains__(ns, name)
+        if entry is not None and (not present or self._state.rebound([name], ns) == set()):
+            return entry.key
+        if isinstance(ns, LazyNamespace) and ns.is_pending(name) and entry is not None:
+            return entry.key
+        if not present:
+            return ABSENT
+        vd = digest_value(dict.__getitem__(ns, name))
+        if isinstance(vd, Unserializable):
+            return "unserializable|" + vd.type_name
+        return "untracked|" + vd
+
+    def hidden_key(self, name: str) -> str:
+        """The key a pseudo-input (`session.pseudo`) has now."""
+        parsed = pseudo.parse(name)
+        if parsed is None:
+            return ABSENT
+        kind, arg = parsed
+        if kind in outside.OWNED:
+            return self._outside.key(kind, arg)
+        if kind is Pseudo.RNG:
+            pending = self._rng.pending.get(arg)
+            if pending is not None:
+                return pending.key
+            left = self._rng.left.get(arg)
+            return left if left is not None else hidden.rng_states().get(arg, ABSENT)
+        if kind is Pseudo.FILE:
+            return hidden.file_digest(self._paths.abs(arg)) or ABSENT
+        if kind is Pseudo.CWD:
+            return self._paths.rel(os.getcwd())
+        if kind is Pseudo.ENV:
+            return env_key(os.environ.get(arg))
+        if kind is Pseudo.NAMES:
+            return digest_bytes("\n".join(sorted(user_names(self._shell))).encode())
+        return ABSENT
+
+    def current_key(self, name: str) -> str:
+        """The key an input of a recorded run has now: a name's, or a pseudo-input's."""
+        return self.hidden_key(name) if pseudo.is_pseudo(name) else self.key(name)
+
+    def _find_match(self, plan: CellPlan) -> None:
+        catalog = self._catalog
+        result = find_match(
+            plan,
+            self._state.entries,
+            lambda: catalog.find_cell_runs(plan.code_digest),
+            lambda: plan.cell_id is not None and catalog.has_cell_id(plan.cell_id),
+            self.current_key,
+        )
+        plan.reason = result.reason
+        if isinstance(result, Match):
+            plan.replay, plan.match = True, result.run

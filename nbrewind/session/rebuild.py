@@ -1,0 +1,225 @@
+"""Making values again by re-running the cells that made them.
+
+A value whose stored objects cannot be read is regenerated: the cell run that wrote it
+runs again from the checkpoint it started from, and the result must have the recorded
+content (it is stored again, which repairs the store). A value that could never be
+stored (a lock, a Dask client) is rebuilt the same way from the record its cell left.
+Either way the cell runs in a scratch namespace, with the RNG states, environment and
+working directory of that moment, and the process is left as it was found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from nbrewind.checkpoint import hidden
+from nbrewind.checkpoint.namespace import LazyNamespace
+from nbrewind.checkpoint.serialize import Unserializable, digest_value
+from nbrewind.checkpoint.values import StagedGroup, load_group, load_json, stage_group
+from nbrewind.session import policy, pseudo
+from nbrewind.session.pseudo import Pseudo
+from nbrewind.session.state import UNSERIALIZABLE, VALUE, Entry, value_key
+
+if TYPE_CHECKING:
+    from nbrewind.session.notices import Notices
+    from nbrewind.session.plan import Paths
+    from nbrewind.session.state import LiveState
+    from nbrewind.session.writer import BackgroundWriter
+    from nbrewind.store.catalog import Catalog
+
+__all__ = ["Rebuilder"]
+
+_MAX_REGENERATION_DEPTH = 50
+
+
+class Rebuilder:
+    """Re-runs recorded cells in a scratch namespace to make values again."""
+
+    def __init__(
+        self,
+        shell: Any,
+        *,
+        state: LiveState,
+        catalog: Catalog,
+        writer: BackgroundWriter,
+        paths: Paths,
+        notices: Notices,
+    ) -> None:
+        self._shell = shell
+        self._state = state
+        self._catalog = catalog
+        self._writer = writer
+        self._paths = paths
+        self._notices = notices
+
+    def _producer(self, name: str, entry: Entry) -> tuple[str, dict[str, Any]] | None:
+        """The code of the newest recorded cell run that wrote `entry` for `name`, and the
+        checkpoint entries it started from."""
+        catalog = self._catalog
+        for run in reversed(catalog.cell_runs()):
+            if run.checkpoint_id is None or run.status != "ok" or name not in (run.writes or ()):
+                continue
+            if catalog.checkpoint_entries(run.checkpoint_id).get(name, ("",))[0] != entry.digest:
+                continue
+            parent = catalog.get_checkpoint(run.checkpoint_id).parent_id
+            return run.code, catalog.checkpoint_entries(parent) if parent is not None else {}
+        return None
+
+    def regenerate(self, name: str, entry: Entry, depth: int = 0, into: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Make a stored value whose objects cannot be read again, by re-running the cell
+        run that wrote it from the state it started from (whose unreadable values are
+        made again the same way, and so on back).
+
+        The value made again must have the recorded content (else LookupError: a stale
+        value is worse than none). It is stored again, which repairs the store, and
+        loaded back from there into `into` (the kernel's namespace by default), so its
+        functions see that namespace as their globals, as restored values always do.
+        """
+        if depth > _MAX_REGENERATION_DEPTH:
+            raise RecursionError(f"more than {_MAX_REGENERATION_DEPTH} earlier cells would have to run again")
+        found = self._producer(name, entry)
+        if found is None:
+            raise LookupError(f"no recorded cell run wrote {name!r} as it is stored")
+        code, parent_entries = found
+        try:
+            code = self._shell.transform_cell(code)
+        except Exception:
+            pass
+        scratch = self._rerun(code, parent_entries, f"<nbrewind re-run to make {name} again>", depth + 1)
+        members = entry.group or (name,)
+        group = {m: dict.__getitem__(scratch, m) for m in members if dict.__contains__(scratch, m)}
+        if name not in group:
+            raise NameError(f"re-running the cell that made {name!r} did not define it again")
+        value = digest_value(group[name])
+        if isinstance(value, Unserializable) or value_key(value, members) != entry.key:
+            # Something the cell read then (a file, a setting) is not what it is now: the
+            # value made again is not the recorded one.
+            raise LookupError(f"re-running the cell that wrote {name!r} gave a different value than the recorded one")
+        staged = stage_group(self._state.objects, group)
+        if not isinstance(staged, StagedGroup):
+            raise LookupError(f"{name!r} made again cannot be stored ({staged.reason})")
+        staged.commit(self._state.objects)
+        target = self._shell.user_ns if into is None else into
+        stored = Entry(staged.digest, VALUE, entry.key, entry.group, entry.extra)
+        values = self._state.load(stored, namespace=target)
+        if into is None and staged.digest != entry.digest:
+            for member in group:  # pickles of equal values may differ: point at the new one
+                old = self._state.entries.get(member)
+                if old is not None and old.digest == entry.digest:
+                    self._state.entries[member] = Entry(staged.digest, old.kind, old.key, old.group, old.extra)
+        return values
+
+    def _rerun(self, code: str, entries: Mapping[str, Any], label: str, depth: int = 0) -> LazyNamespace:
+        """Run `code` in a scratch namespace holding `entries` (a checkpoint's name ->
+        (digest, meta)), loaded lazily so only what it reads is loaded, with the global
+        RNGs as that checkpoint had them; the process is left as it was found."""
+        scratch = LazyNamespace()
+        dict.update(scratch, {k: v for k, v in dict.items(self._shell.user_ns) if k in policy.MODULE_DUNDERS})
+
+        def load(member: str, token: Any) -> dict[str, Any]:
+            item: Entry = token
+            if item.kind == UNSERIALIZABLE:
+                return {member: self.rebuild(member, item)[member]}
+            try:
+                values = self._state.load(item, namespace=scratch)
+            except Exception:
+                values = self.regenerate(member, item, depth, into=scratch)
+            return {k: v for k, v in values.items() if k == member or isinstance(scratch.pending().get(k), Entry)}
+
+        scratch.set_loader(load)
+        rng_states: dict[str, Any] = {}
+        env: dict[str, str | None] = {}
+        cwd: str | None = None
+        for member, (digest, meta) in entries.items():
+            parsed = pseudo.parse(member)
+            if parsed is None:
+                scratch.set_pending(member, Entry.from_meta(digest, meta))
+            elif parsed[0] is Pseudo.RNG:
+                rng_states[parsed[1]] = digest
+            elif parsed[0] is Pseudo.ENV and "var" in meta:
+                env[meta["var"]] = meta.get("value")
+            elif parsed[0] is Pseudo.CWD and "path" in meta:
+                cwd = meta["path"]
+        # A fresh run of the notebook never ran this cell a second time: its draws from the
+        # global RNGs must not count, and it draws what the original run drew; it sees the
+        # environment variables and working directory the notebook had set by then.
+        saved = hidden.capture_rng()
+        saved_env = {var: os.environ.get(var) for var in env}
+        saved_cwd = os.getcwd()
+        try:
+            hidden.restore_rng({which: load_group(self._state.objects, d)["state"] for which, d in rng_states.items()})
+            _set_env(env)
+            if cwd is not None:
+                os.chdir(self._paths.abs(cwd))
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                # The shell's own compiler flags (a cell's `from __future__ import ...` lasts),
+                # never this module's: inherited, they would change what the code compiles to.
+                flags = getattr(getattr(self._shell, "compile", None), "flags", 0)
+                exec(compile(code, label, "exec", flags=flags, dont_inherit=True), scratch)
+        finally:
+            os.chdir(saved_cwd)
+            _set_env(saved_env)
+            hidden.restore_rng(saved)
+            scratch.set_loader(None)
+        return scratch
+
+    def rebuild(self, name: str, entry: Entry) -> dict[str, Any]:
+        """Make an unstorable value again by re-running the cell that made it.
+
+        The cell runs in a scratch namespace holding the state from just before
+        it originally ran (see `_rerun`). `name` is taken from the scratch
+        namespace, and so is every other pending value the same cell run made
+        (a cluster and its client come back together, from one re-run).
+        """
+        self._writer.flush()
+        parent: str | None = None
+        try:
+            record = load_json(self._state.objects, entry.digest)
+            code, parent = record.get("code"), record.get("parent_entries")
+            entries = load_json(self._state.objects, parent)["entries"] if parent is not None else {}
+        except Exception:
+            # The record (or the state it names) cannot be read: the catalog holds the same
+            # two things, the cell run's code and the checkpoint it started from.
+            found = self._producer(name, entry)
+            if found is None:
+                raise
+            code, entries = found
+            try:
+                code = self._shell.transform_cell(code)
+            except Exception:
+                pass
+        if not code:
+            raise NameError(f"{name!r} could not be stored and no record says how it was made; re-run the cell that defines it")
+        self._notices.info(
+            f"NBRewind: rebuilding {name!r} ({entry.extra.get('type')}, which cannot be stored) by re-running the cell "
+            f"that made it; side effects of that cell happen again"
+        )
+        scratch = self._rerun(code, entries, f"<nbrewind rebuild of {name}>")
+        if not dict.__contains__(scratch, name):
+            raise NameError(f"re-running the cell that made {name!r} did not define it again")
+        made = {name: dict.__getitem__(scratch, name)}
+        ns = self._shell.user_ns
+        if isinstance(ns, LazyNamespace):
+            for other, token in ns.pending().items():
+                if other in made or not dict.__contains__(scratch, other):
+                    continue
+                if isinstance(token, Entry) and token.kind == UNSERIALIZABLE and parent is not None:
+                    try:
+                        twin = load_json(self._state.objects, token.digest)
+                    except Exception:
+                        continue  # its own rebuild will find its way
+                    if twin.get("code") == code and twin.get("parent_entries") == parent:
+                        made[other] = dict.__getitem__(scratch, other)
+        return made
+
+
+def _set_env(values: Mapping[str, str | None]) -> None:
+    for var, value in values.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value

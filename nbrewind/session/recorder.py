@@ -1,0 +1,367 @@
+"""Recording a cell that runs: the hidden state before it, and its record after it.
+
+Before the cell, `Recorder.start` snapshots what a cell may change without assigning a
+name (RNG states, settings, environment, working directory) and starts watching files,
+directory listings, seeds and draws. After it, `Recorder.record` re-digests every name
+the cell could have changed, stages what changed (hashed and copied now, so the next
+cell may change it), adds the hidden state the cell read and wrote to its inputs and
+writes, and returns the cell-run record with what the committer must write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nbrewind.analysis.uses import attribute_names, name_uses
+from nbrewind.checkpoint import hidden
+from nbrewind.checkpoint.draws import DrawWatch
+from nbrewind.checkpoint.namespace import LazyNamespace
+from nbrewind.checkpoint.outputs import encode_outputs
+from nbrewind.checkpoint.serialize import Unserializable
+from nbrewind.checkpoint.values import stage_group, stage_json
+from nbrewind.session import outside, pseudo, purity
+from nbrewind.session.keys import user_names
+from nbrewind.session.plan import ABSENT, CellPlan, LastCell, Paths, RngLedger, env_key, reply_record, run_status
+from nbrewind.session.pseudo import Pseudo
+from nbrewind.session.state import HIDDEN, Entry
+from nbrewind.store.digest import is_digest
+
+if TYPE_CHECKING:
+    from nbrewind.checkpoint.outputs import OutputCapture
+    from nbrewind.checkpoint.world import WorldTracker
+    from nbrewind.session.state import CheckpointResult, LiveState
+    from nbrewind.store.objects import ObjectStore
+    from nbrewind.tasks.cache import TaskCache
+
+__all__ = ["Recorded", "Recorder"]
+
+
+@dataclass
+class Recorded:
+    """One executed cell's record, and what the committer writes with it."""
+
+    run: dict[str, Any]
+    staged: list[Any]
+    nbytes: int
+    tasks: list[Any]
+    last: LastCell
+    unserializable: set[str]
+
+
+@dataclass
+class _Draft:
+    """What the record of the cell holds so far, while `record` adds the hidden state."""
+
+    inputs: dict[str, str]
+    changed: dict[str, Entry]
+    staged: list[Any]
+    written: int
+    unserializable: set[str] = field(default_factory=set)
+
+
+class Recorder:
+    """Snapshots the hidden state before a cell runs and builds its record after it."""
+
+    def __init__(
+        self,
+        shell: Any,
+        *,
+        mode: str,
+        session_id: str,
+        state: LiveState,
+        objects: ObjectStore,
+        files: hidden.FileTracker,
+        world: WorldTracker,
+        outside: outside.Outside,
+        rng: RngLedger,
+        paths: Paths,
+        capture: OutputCapture,
+    ) -> None:
+        self._shell = shell
+        self._mode = mode
+        self._session_id = session_id
+        self._state = state
+        self._objects = objects
+        self._files = files
+        self._world = world
+        self._outside = outside
+        self._rng = rng
+        self._paths = paths
+        self._capture = capture
+
+    # -- before the cell -----------------------------------------------------------
+
+    def start(self, plan: CellPlan) -> None:
+        """Snapshot the hidden state and start watching what the cell does."""
+        ns = self._shell.user_ns
+        plan.outside_before = self._outside.before()
+        if plan.effects is not None and plan.effects.mutated:
+            plan.module_bindings = outside.bindings(outside.installed_modules(plan.effects.mutated, ns))
+        plan.inputs.update(plan.outside_before)
+        plan.uses = name_uses(plan.transformed)  # only a cell that runs needs them
+        plan.started = time.perf_counter()
+        plan.rng_before = hidden.rng_states()
+        # Between cells only the kernel's own threads run (distributed's, a thread a cell left
+        # behind), whenever they get to it: a cell is keyed on the state the last cell left.
+        plan.rng_key_before = {which: self._rng.left.get(which, digest) for which, digest in plan.rng_before.items()}
+        plan.env_before = hidden.env_snapshot()
+        plan.cwd_before = os.getcwd()
+        if plan.msg_id:
+            self._capture.start(plan.msg_id)
+        stack = contextlib.ExitStack()
+        self._files.clear()
+        stack.enter_context(self._files.tracking())
+        self._world.clear()
+        stack.enter_context(self._world.tracking())
+        plan.seeded = stack.enter_context(hidden.watching_seeds())
+        plan.draws = stack.enter_context(DrawWatch().watching())
+        plan.tracking = stack
+
+    def stop(self, plan: CellPlan) -> float:
+        """Stop watching the cell; how long it ran, in seconds."""
+        if plan.tracking is not None:
+            if plan.draws is not None:
+                plan.background_draws_only = plan.draws.explained()
+            plan.tracking.close()
+        return time.perf_counter() - plan.started
+
+    # -- after the cell --------------------------------------------------------------
+
+    def record(
+        self, plan: CellPlan, reply: Mapping[str, Any], outputs: list[Any], duration: float, task_cache: TaskCache | None
+    ) -> Recorded:
+        """The record of the cell that ran, with its checkpoint staged; `task_cache` logged
+        the Dask tasks it computed (the session owns it, with the interception)."""
+        assert plan.effects is not None
+        result, context_docs = self._checkpoint_names(plan)
+        draft = _Draft(
+            inputs=dict(plan.inputs),
+            changed=dict(result.changed),
+            staged=[*context_docs, *result.staged],
+            written=result.bytes_written,
+            unserializable=set(result.unserializable),
+        )
+        # Hidden state: RNGs, files, environment, working directory.
+        self._add_rngs(plan, draft)
+        self._add_files_and_outside(plan, draft)
+        self._add_env_and_cwd(plan, draft)
+        self._state.entries.update({k: v for k, v in draft.changed.items() if pseudo.is_pseudo(k)})
+        tasks = self._add_tasks(plan, draft, task_cache)
+        outputs_digest = self._stage_outputs(outputs, draft.staged)
+        count = self._count(reply)
+        reason = "audit records every cell" if self._mode == "audit" else plan.reason
+        run = self.run_record(
+            plan, count, "executed", reason, duration,
+            status=run_status(reply),
+            reply=reply_record(reply),
+            outputs=outputs_digest,
+            inputs=draft.inputs,
+            reads=sorted(plan.reads),
+            writes=sorted(draft.changed),
+            deletes=sorted(result.deleted),
+            bytes_written=draft.written,
+        )
+        last = LastCell(count, "executed", reason, duration, draft.written, result.seconds)
+        return Recorded(run, draft.staged, draft.written, tasks, last, draft.unserializable)
+
+    def run_record(
+        self, plan: CellPlan, count: int, decision: str, reason: str, duration: float, **fields: Any
+    ) -> dict[str, Any]:
+        """The catalog fields of one cell run of this kernel (the rest come in `fields`)."""
+        return {
+            "session": self._session_id,
+            "kernel": self._mode,
+            "execution_count": count,
+            "cell_id": plan.cell_id,
+            "code": plan.code,
+            "code_digest": plan.code_digest,
+            "decision": decision,
+            "reason": reason,
+            "started": time.time() - duration,
+            "duration": duration,
+            **fields,
+        }
+
+    def _checkpoint_names(self, plan: CellPlan) -> tuple[CheckpointResult, list[Any]]:
+        """Re-digest and stage every name the cell could have changed; also the record of
+        how to make its unstorable values again, if it made any."""
+        assert plan.effects is not None
+        ns = self._shell.user_ns
+        state = self._state
+        objects = self._objects
+        user = user_names(self._shell)
+        effects = plan.effects
+        candidates = state.rebound(user, ns) | set(effects.writes) | set(effects.deferred_writes)
+        candidates |= self._reached(plan, user)
+        if effects.dynamic:
+            candidates |= user
+        before = {k: (v.digest, v.to_meta()) for k, v in state.entries.items()}
+        context_docs: list[Any] = []
+
+        def rebuild_context() -> dict[str, Any]:
+            # How to make an unstorable value again: this cell's code and the state it started from.
+            if not context_docs:
+                stored = (digest for digest, _ in before.values() if is_digest(digest))
+                context_docs.append(stage_json(objects, {"entries": before}, stored))
+            return {"code": plan.transformed, "parent_entries": context_docs[0].digest}
+
+        result = state.checkpoint(ns, user, candidates, unserializable_context=rebuild_context)
+        classes = tuple(dict.__getitem__(ns, n) for n in result.changed if isinstance(dict.get(ns, n), type))
+        if classes:
+            # Instances pickle their class: changing a class (`C.f = ...`) changes every instance of it.
+            instances = {
+                n for n in user - set(result.changed) if dict.__contains__(ns, n) and isinstance(dict.__getitem__(ns, n), classes)
+            }
+            if instances:
+                more = state.checkpoint(ns, user, instances, unserializable_context=rebuild_context)
+                result.changed.update(more.changed)
+                result.staged.extend(more.staged)
+                result.bytes_written += more.bytes_written
+                result.unserializable.update(more.unserializable)
+        if isinstance(ns, LazyNamespace):
+            for name in result.changed:
+                ns.discard_pending(name)
+        return result, context_docs
+
+    def _add_rngs(self, plan: CellPlan, draft: _Draft) -> None:
+        """The global RNG states the cell read (inputs) and moved (writes)."""
+        inputs = draft.inputs
+        rng_left = self._rng.left
+        rng_after = hidden.rng_states()
+        saved = hidden.capture_rng()
+        if self._touches_rng(plan):
+            # It may read a global RNG's state without drawing (`random.getstate()`).
+            for which, digest in plan.rng_key_before.items():
+                if not plan.seeded.get(which):
+                    inputs[pseudo.name(Pseudo.RNG, which)] = digest
+        for which, digest in rng_after.items():
+            if which not in rng_left:
+                rng_left[which] = digest
+            if plan.rng_before.get(which) != digest:
+                if which == hidden.RANDOM and plan.background_draws_only:
+                    # Only distributed's own threads moved it (checkpoint/draws.py): not the
+                    # cell's doing, so neither an input nor part of what a replay restores.
+                    continue
+                if which in plan.rng_before and not plan.seeded.get(which):
+                    # Consumed an existing state. A generator that only came into
+                    # being in this cell (numpy imported) was not an input.
+                    inputs[pseudo.name(Pseudo.RNG, which)] = plan.rng_key_before[which]
+                rng_left[which] = digest
+                stored = stage_group(self._objects, {"state": saved[which]})
+                if isinstance(stored, Unserializable):
+                    continue
+                draft.staged.append(stored)
+                draft.changed[pseudo.name(Pseudo.RNG, which)] = Entry(stored.digest, HIDDEN, digest, (), {"what": "rng", "rng": which})
+                draft.written += stored.new_bytes
+
+    def _add_files_and_outside(self, plan: CellPlan, draft: _Draft) -> None:
+        """Files read and written, directory listings and file metadata, library settings
+        and local modules' state; and why a replay could not do what the cell did."""
+        assert plan.effects is not None
+        inputs, changed, rel = draft.inputs, draft.changed, self._paths.rel
+        files, world = self._files, self._world
+        for path, db_digest in world.databases.items():
+            # sqlite opens its file in C: read before, and possibly written by, the cell.
+            files.read_digests.setdefault(path, db_digest)
+            files.reads.add(path)
+            files.writes.add(path)
+        for path in sorted(files.reads):
+            found = files.read_digests.get(path, hidden.file_digest(path))
+            inputs[pseudo.name(Pseudo.FILE, rel(path))] = found or ABSENT
+        self._outside.world_inputs(world, plan.env_before, inputs, env_key)
+        outside_bytes, impure = self._outside.after(plan.outside_before, inputs, changed, draft.staged)
+        draft.written += outside_bytes
+        if not any(k.startswith(Pseudo.SETTING.value) for k in changed):
+            impure += [f"changes module {m}, which a replay cannot restore" for m in outside.rebound_modules(plan.module_bindings)]
+        if "reload" in plan.effects.reads or "reload" in plan.reads:
+            impure.append("reloads a module")
+        if impure:
+            inputs[outside.IMPURE] = "; ".join(sorted(set([inputs[outside.IMPURE]] if outside.IMPURE in inputs else []) | set(impure)))
+        for path in sorted(files.writes):
+            relpath = rel(path)
+            if os.path.isdir(path):
+                continue
+            if not os.path.lexists(path) and path in files.created:
+                continue  # made and removed by the cell: nothing on disk changed
+            if os.path.isfile(path):
+                blob = self._objects.stage_blob(Path(path).read_bytes())
+                draft.staged.append(blob)
+                draft.written += blob.new_bytes
+                changed[pseudo.name(Pseudo.FILE, relpath)] = Entry(
+                    blob.digest, HIDDEN, hidden.file_digest(path) or ABSENT, (), {"what": "file", "path": relpath}
+                )
+            else:
+                changed[pseudo.name(Pseudo.FILE, relpath)] = Entry(
+                    ABSENT, HIDDEN, ABSENT, (), {"what": "file", "path": relpath, "deleted": True}
+                )
+        if files.writes:
+            inputs[pseudo.name(Pseudo.CWD)] = rel(plan.cwd_before)
+
+    def _add_env_and_cwd(self, plan: CellPlan, draft: _Draft) -> None:
+        """Environment variables the cell set and the working directory it moved to."""
+        for var, value in hidden.env_diff(plan.env_before, hidden.env_snapshot()).items():
+            draft.changed[pseudo.name(Pseudo.ENV, var)] = Entry(ABSENT, HIDDEN, env_key(value), (), {"what": "env", "var": var, "value": value})
+        if os.getcwd() != plan.cwd_before:
+            rel = self._paths.rel(os.getcwd())
+            draft.changed[pseudo.name(Pseudo.CWD)] = Entry(ABSENT, HIDDEN, rel, (), {"what": "cwd", "path": rel})
+
+    def _add_tasks(self, plan: CellPlan, draft: _Draft, task_cache: TaskCache | None) -> list[Any]:
+        """The Dask tasks the cell computed or loaded (their log rows), and the files their results rest on."""
+        inputs = draft.inputs
+        tasks = task_cache.drain_log() if task_cache is not None else []
+        if tasks and task_cache is not None:
+            # A task served from the cache opened nothing: the files its result rests on
+            # (recorded when it ran) are inputs of this cell all the same.
+            for path, digest in task_cache.file_inputs(tasks).items():
+                inputs.setdefault(pseudo.name(Pseudo.FILE, self._paths.rel(path)), digest)
+        if any(k.startswith(Pseudo.FILE.value) for k in inputs):
+            inputs[pseudo.name(Pseudo.CWD)] = self._paths.rel(plan.cwd_before)
+        return tasks
+
+    def _reached(self, plan: CellPlan, user: set[str]) -> set[str]:
+        """Names whose values the cell could have changed in place: everything it reached,
+        except what `purity` proves untouched (immutable, or only used in ways that cannot
+        mutate a value of exactly its type)."""
+        assert plan.effects is not None
+        ns = self._shell.user_ns
+        direct = set(plan.effects.reads) - set(plan.effects.deferred_reads)
+        if plan.uses is None:
+            direct = set()
+        out = set(plan.effects.mutated) | set(plan.effects.deletes)
+        for name in (plan.reads | set(plan.effects.mutated)) & user:
+            if not dict.__contains__(ns, name) or name in out:
+                continue
+            if name in direct and purity.proven_unchanged(dict.__getitem__(ns, name), (plan.uses or {}).get(name), ns):
+                continue
+            out.add(name)
+        return out
+
+    def _touches_rng(self, plan: CellPlan) -> bool:
+        if plan.uses is not None and outside.touches_rng(set(plan.uses) | attribute_names(plan.transformed)):
+            # Attribute names count too: `np.random.get_state()` touches an RNG.
+            return True
+        ns = self._shell.user_ns
+        for name in plan.reads - set(plan.effects.reads if plan.effects else ()):
+            if dict.__contains__(ns, name) and outside.touches_rng(outside.code_names(dict.__getitem__(ns, name))):
+                return True
+        return plan.uses is None
+
+    def _stage_outputs(self, outputs: list[Any], staged: list[Any]) -> str | None:
+        if not outputs:
+            return None
+        payload, buffers = encode_outputs(outputs)
+        objects = self._objects
+        blobs = [objects.stage_blob(b) for b in buffers]
+        tree = objects.stage_tree([b.digest for b in blobs], payload)
+        staged.extend([*blobs, tree])
+        return tree.digest
+
+    def _count(self, reply: Mapping[str, Any]) -> int:
+        count = reply.get("execution_count")
+        return int(count) if isinstance(count, int) else int(self._shell.execution_count) - 1
