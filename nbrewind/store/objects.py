@@ -14,163 +14,51 @@ identical data costs only hashing and existence checks.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
 import threading
-import time
-import weakref
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import zstandard
 
 from nbrewind.errors import (
-    ChangedWhileStagedError,
     CorruptObjectError,
     NotATreeError,
     ObjectNotFoundError,
     ReadOnlyStoreError,
 )
-from nbrewind.store import frame, snapshot
-from nbrewind.store.digest import DIGEST_LENGTH, digest_bytes, is_digest
-from nbrewind.store.fsio import TEMP_PREFIX, atomic_write, fsync_dir
-from nbrewind.store.signed_refs import encode_ref, read_ref, ref_digest
+from nbrewind.store import frame
+from nbrewind.store.digest import digest_bytes, is_digest
+from nbrewind.store.fsio import TEMP_PREFIX, atomic_write
+from nbrewind.store.object_refs import RefsMixin
+from nbrewind.store.staging import StagedBlob, StagingMixin, _Held
+from nbrewind.store.trees import (
+    BLOB_CHUNK_SIZE,
+    REHASH_LIMIT,
+    TREE_MAGIC,
+    as_bytes_view,
+    checked_header,
+    content_matches,
+    decode_tree,
+    encode_tree,
+)
 
 __all__ = ["BLOB_CHUNK_SIZE", "STAGING_BUDGET", "TREE_MAGIC", "Buffer", "ObjectStore", "StagedBlob"]
 
 Buffer = bytes | bytearray | memoryview
 
-BLOB_CHUNK_SIZE = 2 * 1024 * 1024
 STAGING_BUDGET = 1 << 30
-TREE_MAGIC = b"NBRTREE1\n"
-
-_WRITE_THREADS = 2
-
 # Below this many new bytes in a cell, ``protect`` copies: a fork costs a few ms (bench_staging.py).
 _SNAPSHOT_MIN_BYTES = 8 << 20
-
-# A put that finds its object present re-hashes a file up to this size (header
-# included); larger ones (blob chunks) get the header and length check only.
-_REHASH_LIMIT = 64 * 1024
 # Enough of a zstd payload to read its frame header (content size included).
 _ZSTD_HEAD = 18
-
-_REF_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
 _FANOUT_RE = re.compile(r"[0-9a-f]{2}")
 
 
-def _as_bytes_view(data: object) -> memoryview:
-    """A flat byte view of any buffer; non-contiguous buffers are copied in C order."""
-    view = memoryview(data)  # type: ignore[arg-type]  # any buffer-protocol object
-    if not view.c_contiguous:
-        view = memoryview(view.tobytes())
-    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
-
-
-def _encode_tree(children: Sequence[str], payload: bytes) -> bytes:
-    for child in children:
-        if not is_digest(child):
-            raise ValueError(f"tree child {child!r} is not a digest")
-    body = "".join(f"{child}\n" for child in children)
-    return b"".join((TREE_MAGIC, b"%d\n" % len(children), body.encode("ascii"), payload))
-
-
-def _decode_tree(content: bytes) -> tuple[list[str], bytes] | None:
-    if not content.startswith(TREE_MAGIC):
-        return None
-    start = len(TREE_MAGIC)
-    newline = content.find(b"\n", start)
-    count_text = content[start:newline]
-    if newline < 0 or not count_text.isdigit():
-        return None
-    count = int(count_text)
-    pos = newline + 1
-    end = pos + count * (DIGEST_LENGTH + 1)
-    if len(content) < end:
-        return None
-    listing = content[pos:end].decode("ascii", errors="replace").split("\n")[:-1]
-    if len(listing) != count or not all(is_digest(child) for child in listing):
-        return None
-    return listing, content[end:]
-
-
-def _checked_header(head: bytes, stored: int, size: int | None) -> frame.FrameHeader | None:
-    """The header of an object file when it decodes and agrees with the file's
-    length ``stored`` and the expected content ``size``; else None."""
-    header = frame.decode_header(head)
-    if header is None:
-        return None
-    declared = frame.content_size(header.codec, stored, head[frame.HEADER_SIZE :])
-    if declared is None or (size is not None and declared != size):
-        return None
-    if header.codec == frame.CODEC_ZSTD and not frame.plausible_size(declared, stored - frame.HEADER_SIZE):
-        return None
-    return header
-
-
-def _content_matches(header: frame.FrameHeader, raw: bytes, digest: str) -> bool:
-    """Whether the whole object file ``raw`` hashes to ``digest`` (and, flagged as a
-    tree, holds one); a compressed one that would decode to more than
-    ``_REHASH_LIMIT`` bytes is not decoded (True)."""
-    content: bytes | memoryview = memoryview(raw)[frame.HEADER_SIZE :]
-    if header.codec == frame.CODEC_ZSTD:
-        if zstandard.frame_content_size(content) > _REHASH_LIMIT:
-            return True  # cheap checks only, like any large object
-        try:
-            content = frame.decompress(bytes(content))
-        except zstandard.ZstdError:
-            return False
-    if digest_bytes(content) != digest:
-        return False
-    return header.kind != frame.KIND_TREE or _decode_tree(bytes(content)) is not None
-
-
-def _blob_payload(size: int) -> bytes:
-    # Sorted, compact JSON: identical data must always give an identical tree digest.
-    return json.dumps(
-        {"blob": 1, "chunk_size": BLOB_CHUNK_SIZE, "size": size},
-        sort_keys=True,
-        separators=(",", ":"),
-    ).encode("ascii")
-
-
-@dataclass(frozen=True, eq=False)
-class StagedBlob:
-    """A blob or tree whose digest is known now and which ``ObjectStore.commit`` writes later.
-
-    Its new chunks are held by the store: views of the caller's buffer until
-    ``ObjectStore.protect`` snapshots or copies them, after which the caller may
-    change or drop its buffer.
-    """
-
-    digest: str
-    tree: bytes
-    chunks: tuple[str, ...] = ()
-    """New chunks the store holds for this blob, in the order ``commit`` writes them."""
-    new_bytes: int = 0
-    """Bytes of chunks the store did not have when this was staged (held, or written at once)."""
-    owned: set[str] = field(default_factory=set, repr=False)
-    """The chunks of ``chunks`` this blob still holds a claim on (emptied by ``commit``)."""
-
-
-@dataclass(eq=False)
-class _Held:
-    """One staged chunk not yet written, and how many staged blobs still need it."""
-
-    data: bytes | memoryview | None
-    """A view of the caller's memory (``live``), a private copy, or None once a snapshot writer has it."""
-    size: int
-    live: bool = False
-    snapshot: snapshot.Snapshot | None = None
-    refs: int = 1
-
-
-class ObjectStore:
+class ObjectStore(StagingMixin, RefsMixin):
     """Digest-named objects under ``root/objects`` and digest refs under ``root/refs``.
 
     Safe to share between threads and between processes (including Dask workers on
@@ -255,7 +143,7 @@ class ObjectStore:
         wrong data.
         """
         self._check_writable()
-        view = _as_bytes_view(data)
+        view = as_bytes_view(data)
         if digest is None:
             digest = digest_bytes(view)
         path = self.path_of(digest)
@@ -275,7 +163,7 @@ class ObjectStore:
         replaces it and storing the same bytes again (a re-audit) repairs the store.
         Sound means, cheaply: the header decodes and the file's length agrees with
         it (and with ``size``, the content length about to be stored, when given).
-        A file of at most ``_REHASH_LIMIT`` bytes is re-hashed as well, since reading
+        A file of at most ``REHASH_LIMIT`` bytes is re-hashed as well, since reading
         it costs little more than opening it.
         """
         return self._present_kind(path, size) is not None
@@ -293,11 +181,11 @@ class ObjectStore:
             return frame.KIND_LEAF if os.path.exists(name) else None
         try:
             stored = os.fstat(fd).st_size
-            raw = os.pread(fd, stored if stored <= _REHASH_LIMIT else frame.HEADER_SIZE + _ZSTD_HEAD, 0)
-            header = _checked_header(raw, stored, size)
+            raw = os.pread(fd, stored if stored <= REHASH_LIMIT else frame.HEADER_SIZE + _ZSTD_HEAD, 0)
+            header = checked_header(raw, stored, size)
             if header is None:
                 return None
-            if len(raw) == stored and not _content_matches(header, raw, name[-33:-31] + name[-30:]):
+            if len(raw) == stored and not content_matches(header, raw, name[-33:-31] + name[-30:]):
                 return None
             try:
                 os.utime(fd)
@@ -313,7 +201,7 @@ class ObjectStore:
         """Store a tree: ``TREE_MAGIC``, the child count, one child digest per
         line, then ``payload``. Children should be stored first."""
         self._check_writable()
-        content = _encode_tree(children, payload)
+        content = encode_tree(children, payload)
         digest = digest_bytes(content)
         path = self.path_of(digest)
         if self._present_kind(path, len(content)) == frame.KIND_TREE:
@@ -325,333 +213,6 @@ class ObjectStore:
         atomic_write(path, (header, encoded))
         self._count(header, encoded)
         return digest
-
-    def put_blob(self, buf: object) -> str:
-        """Store a bytes-like value of any size as 2 MiB chunks plus a chunk-list
-        tree, and return the tree's digest. Only chunks not already present are
-        written, so storing an edited copy of a large array costs the changed chunks.
-        The caller must not change ``buf`` during the call (it is not copied)."""
-        self._check_writable()
-        view = _as_bytes_view(buf)
-        chunks: list[str] = []
-        pieces: dict[str, memoryview] = {}
-        for start in range(0, len(view), BLOB_CHUNK_SIZE):
-            piece = view[start : start + BLOB_CHUNK_SIZE]
-            digest = digest_bytes(piece)
-            chunks.append(digest)
-            # Staged elsewhere in this process counts for nothing: this call is durable
-            # when it returns, so it writes every chunk that is not on disk now.
-            if digest not in pieces and not self._touch_if_present(self.path_of(digest), piece.nbytes):
-                pieces[digest] = piece
-        # Per-chunk fsyncs serialize on the disk's flush latency; two writers keep it
-        # busy (zstd and os.write release the GIL). Measured in benchmarks/bench_store.py.
-        self._write_pieces(list(pieces.items()), _WRITE_THREADS, verify=False)
-        for folder in {self.path_of(d).parent for d in pieces}:
-            fsync_dir(folder)
-        return self.put_tree(chunks, _blob_payload(len(view)))
-
-    @property
-    def held_bytes(self) -> int:
-        """Bytes of staged chunks not yet written: views waiting for ``protect``, copies,
-        and chunks a snapshot writer is writing."""
-        with self._count_lock:
-            return self._held_bytes
-
-    def stage_blob(self, buf: object) -> StagedBlob:
-        """Hash ``buf`` as ``put_blob`` would and note the chunks the store lacks.
-
-        Nothing is copied yet: the new chunks are views of ``buf`` until ``protect``
-        (which the session calls before the kernel replies to the cell) snapshots or
-        copies them, after which the caller may change ``buf`` at will (the next
-        notebook cell editing an array in place). ``commit``, typically on a
-        background thread, then writes them. A chunk another staged blob already
-        holds is shared, and counted once. The bytes held are bounded by
-        ``staging_budget``: a chunk that would exceed it is written and fsynced here
-        instead. Immutable ``bytes`` need no protection.
-        """
-        self._check_writable()
-        view = _as_bytes_view(buf)
-        immutable = view.readonly and type(view.obj) is bytes
-        chunks: list[str] = []
-        held: list[str] = []
-        new_bytes = 0
-        written: set[Path] = set()
-        seen: set[str] = set()
-        for start in range(0, len(view), BLOB_CHUNK_SIZE):
-            piece = view[start : start + BLOB_CHUNK_SIZE]
-            digest = digest_bytes(piece)
-            chunks.append(digest)
-            if digest in seen:
-                continue
-            seen.add(digest)
-            if self._claim(digest, piece):
-                held.append(digest)
-                continue
-            path = self.path_of(digest)
-            if self._touch_if_present(path, piece.nbytes):
-                continue
-            new_bytes += piece.nbytes
-            if self._hold(digest, piece, live=not immutable):
-                held.append(digest)
-            else:
-                self._write_chunk(digest, piece)
-                written.add(path.parent)
-        for folder in written:
-            fsync_dir(folder)
-        tree = _encode_tree(chunks, _blob_payload(len(view)))
-        staged = StagedBlob(digest_bytes(tree), tree, tuple(held), new_bytes, set(held))
-        if held:
-            # A staged blob dropped without a commit (its cell failed later) gives its claims back.
-            weakref.finalize(staged, self._release, staged.owned)
-        return staged
-
-    def _claim(self, digest: str, piece: memoryview) -> bool:
-        """Share a chunk already held for another staged blob (whichever commit comes first writes it)."""
-        with self._count_lock:
-            entry = self._held.get(digest)
-            if entry is None:
-                return False
-            entry.refs += 1
-            if entry.live:
-                # Not protected yet: `piece` was hashed just now, an older view may have changed since.
-                entry.data = piece
-            return True
-
-    def _hold(self, digest: str, piece: memoryview, *, live: bool) -> bool:
-        """Hold ``piece`` for a later commit if the budget has room; False when it has not."""
-        with self._count_lock:
-            if self._held_bytes + piece.nbytes > self.staging_budget:
-                return False
-            self._held_bytes += piece.nbytes
-            self._held[digest] = _Held(piece, piece.nbytes, live=live)
-        return True
-
-    def protect(self, staged: Sequence[StagedBlob]) -> str | None:
-        """Make the chunks these blobs hold independent of the caller's memory, now;
-        return how: "snapshot", "copy", or None when nothing needed it.
-
-        After this the caller may change or free the buffers it staged. Large
-        amounts are snapshotted: a forked child (``snapshot.fork_writer``) writes
-        them from the memory as it is at this instant, for a few milliseconds here
-        whatever the size; small ones, or any where fork is not available, are
-        copied (about 1 ms per MB of fresh memory; benchmarks/bench_staging.py).
-        """
-        live: dict[str, _Held] = {}
-        with self._count_lock:
-            for blob in staged:
-                for digest in blob.chunks:
-                    entry = self._held.get(digest)
-                    if entry is not None and entry.live:
-                        live[digest] = entry
-        if not live:
-            return None
-        total = sum(entry.size for entry in live.values())
-        snap = None
-        if total >= self.snapshot_min_bytes:
-            pieces = [(digest, entry.data) for digest, entry in live.items()]
-            snap = snapshot.fork_writer(functools.partial(self._write_in_child, pieces), total)
-        copies = {} if snap is not None else {d: bytes(e.data or b"") for d, e in live.items()}
-        with self._count_lock:
-            for digest, entry in live.items():
-                entry.live = False
-                if snap is not None:
-                    entry.data, entry.snapshot = None, snap  # the caller's memory is no longer ours to read
-                else:
-                    entry.data = copies[digest]
-        return "copy" if snap is None else "snapshot"
-
-    def _write_in_child(self, pieces: list[tuple[str, bytes | memoryview | None]], report: Callable[[str], None]) -> None:
-        """The snapshot child's work: write every chunk from the memory as it was at
-        fork time (verified against its digest), two folders at a time. Each folder
-        is synced right after its chunks, and only then are they reported, so the
-        progress the parent sees is durable progress."""
-        # A lock another thread held at fork time stays held forever in this process.
-        self._count_lock = threading.RLock()
-        lock = threading.Lock()
-        folders: dict[Path, list[tuple[str, bytes | memoryview]]] = {}
-        for digest, piece in pieces:
-            if piece is not None:
-                folders.setdefault(self.path_of(digest).parent, []).append((digest, piece))
-        todo = list(folders.items())
-        failures: list[BaseException] = []
-
-        def writer() -> None:
-            while True:
-                with lock:
-                    if not todo or failures:
-                        return
-                    folder, group = todo.pop()
-                try:
-                    done = []
-                    for digest, piece in group:
-                        if not self._touch_if_present(self.path_of(digest), memoryview(piece).nbytes):
-                            done.append((memoryview(piece).nbytes, self._write_chunk(digest, piece, verify=True)))
-                    fsync_dir(folder)
-                    with lock:
-                        for size, stored in done:
-                            report(f"w {size} {stored}")
-                except BaseException as exc:  # noqa: BLE001 - re-raised below
-                    with lock:
-                        failures.append(exc)
-
-        threads = [threading.Thread(target=writer) for _ in range(_WRITE_THREADS)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if failures:
-            raise failures[0]
-
-    def probe_write_rate(self, size: int = BLOB_CHUNK_SIZE, tries: int = 2) -> float:
-        """Bytes per second at which this store's disk takes chunk-sized writes, each
-        with its fsyncs (file and folder), the best of `tries`: what the writer's first
-        large job will see, known before it starts. Leaves nothing behind."""
-        self._check_writable()
-        self.objects_dir.mkdir(parents=True, exist_ok=True)
-        data = os.urandom(1 << 16) * max(size >> 16, 1)
-        best = float("inf")
-        for _ in range(tries):
-            path = self.objects_dir / f"{TEMP_PREFIX}probe-{os.getpid()}-{threading.get_ident()}"
-            started = time.perf_counter()
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            fsync_dir(self.objects_dir)
-            best = min(best, time.perf_counter() - started)
-            path.unlink()
-        return len(data) / max(best, 1e-6)
-
-    def _release(self, owned: set[str], digests: Sequence[str] | None = None) -> None:
-        """Give back this blob's claim on ``digests`` (default: all it still owns); a
-        chunk no staged blob needs any more leaves staging memory."""
-        with self._count_lock:
-            for digest in list(owned) if digests is None else digests:
-                if digest not in owned:
-                    continue
-                owned.discard(digest)
-                entry = self._held.get(digest)
-                if entry is None:
-                    continue
-                entry.refs -= 1
-                if entry.refs <= 0:
-                    del self._held[digest]
-                    self._held_bytes -= entry.size
-
-    def stage_tree(self, children: Sequence[str], payload: bytes = b"") -> StagedBlob:
-        """A tree whose digest is known now and which ``commit`` writes later."""
-        tree = _encode_tree(children, payload)
-        return StagedBlob(digest_bytes(tree), tree)
-
-    def commit(
-        self,
-        staged: StagedBlob,
-        *,
-        writers: int = 1,
-        verify: bool = True,
-        progress: Callable[[int], None] | None = None,
-    ) -> None:
-        """Write what ``stage_blob``/``stage_tree`` prepared: chunks first, then the tree.
-
-        Copied chunks are written here (re-hashed first with ``verify``); snapshotted
-        ones are waited for; a chunk still a view of the caller's memory (``protect``
-        was not called) is copied now and refused (ChangedWhileStagedError) if it no
-        longer hashes to its name, never stored under the wrong one. The tree is
-        written only when every child is on disk and its folder synced, so a failed
-        earlier commit can never leave a tree pointing at nothing. The background
-        writer uses one writer so the user's next cell keeps the other core; it
-        passes ``progress``, called with each chunk's size once that chunk is written.
-        """
-        owned = staged.owned
-        synced: set[Path] = set()
-        try:
-            pieces: list[tuple[str, bytes | memoryview]] = []
-            waits: dict[int, tuple[snapshot.Snapshot, list[str]]] = {}
-            for digest in staged.chunks:
-                if digest not in owned:
-                    continue
-                path = self.path_of(digest)
-                with self._count_lock:
-                    entry = self._held.get(digest)
-                    snap = None if entry is None else entry.snapshot
-                    data = None if entry is None else entry.data
-                if snap is not None:
-                    waits.setdefault(id(snap), (snap, []))[1].append(digest)
-                elif self._touch_if_present(path, None if entry is None else entry.size):
-                    # Written meanwhile (by the blob that staged it first): its folder
-                    # is synced below too, whoever wrote it.
-                    synced.add(path.parent)
-                    self._release(owned, (digest,))
-                elif data is not None:
-                    pieces.append((digest, bytes(data) if entry is not None and entry.live else data))
-            for snap, digests in waits.values():
-                snap.wait(functools.partial(self._snapshot_progress, progress))
-                self._release(owned, digests)  # the child synced their folders
-            self._write_pieces(pieces, writers, verify, release=owned, progress=progress)
-            synced.update(self.path_of(d).parent for d, _ in pieces)
-            # The chunks' renames must be durable before a tree naming them is.
-            for folder in synced:
-                fsync_dir(folder)
-        finally:
-            self._release(owned)
-        children, payload = _decode_tree(staged.tree) or ([], b"")
-        absent = [c for c in children if not self.has(c)]
-        if absent:
-            raise ObjectNotFoundError(
-                f"cannot write tree {staged.digest}: {len(absent)} of its chunks are missing (first {absent[0]})"
-            )
-        self.put_tree(children, payload)
-
-    def _snapshot_progress(self, progress: Callable[[int], None] | None, size: int, stored: int) -> None:
-        with self._count_lock:
-            self.bytes_written += stored
-        if progress is not None:
-            progress(size)
-
-    def _write_pieces(
-        self,
-        pieces: Sequence[tuple[str, bytes | memoryview]],
-        writers: int,
-        verify: bool,
-        release: set[str] | None = None,
-        progress: Callable[[int], None] | None = None,
-    ) -> None:
-        """Write chunk files (folders not synced); with ``release``, each chunk's
-        staging claim is given back as soon as it is written."""
-
-        def write(digest: str, piece: bytes | memoryview) -> None:
-            self._write_chunk(digest, piece, verify)
-            if release is not None:
-                self._release(release, (digest,))
-            if progress is not None:
-                progress(memoryview(piece).nbytes)
-
-        if writers > 1 and len(pieces) > 1:
-            pool = ThreadPoolExecutor(writers, thread_name_prefix="nbrewind-put")
-            try:
-                for future in [pool.submit(write, d, p) for d, p in pieces]:
-                    future.result()
-            finally:
-                pool.shutdown(wait=True, cancel_futures=True)
-        else:
-            for digest, piece in pieces:
-                write(digest, piece)
-
-    def _write_chunk(self, digest: str, piece: bytes | memoryview, verify: bool = False) -> int:
-        """Write one chunk file (its folder not synced); return the bytes it takes on disk."""
-        if verify and digest_bytes(piece) != digest:
-            raise ChangedWhileStagedError(
-                f"a value changed while its checkpoint was being taken (chunk {digest}); nothing was written for it"
-            )
-        codec, payload = frame.encode(memoryview(piece), self.compression_level)
-        header = frame.encode_header(codec, frame.KIND_LEAF)
-        atomic_write(self.path_of(digest), (header, payload), sync_dir=False)
-        self._count(header, payload)
-        return len(header) + memoryview(payload).nbytes
 
     # -- reading -------------------------------------------------------------
 
@@ -685,7 +246,7 @@ class ObjectStore:
             content = payload
         if digest_bytes(content) != digest:
             raise self._corrupt(digest, f"its {len(content)} bytes do not hash to its name", move=move_corrupt)
-        if header.kind == frame.KIND_TREE and _decode_tree(content) is None:
+        if header.kind == frame.KIND_TREE and decode_tree(content) is None:
             # put_tree only ever flags a well-formed tree: the header's kind byte is damaged.
             raise self._corrupt(digest, "its header says tree but it holds no tree", move=move_corrupt)
         return content, header
@@ -717,7 +278,7 @@ class ObjectStore:
     def get_tree(self, digest: str, *, move_corrupt: bool = True) -> tuple[list[str], bytes]:
         """Return a verified tree's ``(children, payload)``."""
         content, _ = self._read(digest, move_corrupt=move_corrupt)
-        decoded = _decode_tree(content)
+        decoded = decode_tree(content)
         if decoded is None:
             raise NotATreeError(f"object {digest} is not a tree")
         return decoded
@@ -734,7 +295,7 @@ class ObjectStore:
         """
         if verify:
             content, _ = self._read(digest, move_corrupt=move_corrupt)
-            return _decode_tree(content)
+            return decode_tree(content)
         _, header, handle = self._open(digest, move_corrupt=move_corrupt)
         with handle:
             if header.kind == frame.KIND_TREE:
@@ -752,7 +313,7 @@ class ObjectStore:
         if start != TREE_MAGIC:
             return None
         content, _ = self._read(digest, move_corrupt=move_corrupt)
-        return _decode_tree(content)
+        return decode_tree(content)
 
     def _blob_layout(self, digest: str) -> tuple[list[str], int]:
         children, payload = self.get_tree(digest)
@@ -854,69 +415,3 @@ class ObjectStore:
                 for name in files:
                     if name.startswith(TEMP_PREFIX):
                         yield Path(folder) / name
-
-    # -- refs ----------------------------------------------------------------
-
-    def _ref_path(self, namespace: str, name: str) -> Path:
-        for label, value in (("namespace", namespace), ("name", name)):
-            if not _REF_NAME_RE.fullmatch(value):
-                raise ValueError(
-                    f"ref {label} {value!r} must be 1-200 characters of letters, digits, '_', '.', '-'"
-                )
-        return self.refs_dir / namespace / name[:2] / name
-
-    def ref_set(self, namespace: str, name: str, digest: str) -> None:
-        """Point ``namespace/name`` at ``digest``, atomically (the last writer wins).
-
-        The file carries this user's MAC of (namespace, name, digest): refs are not
-        catalog rows, so the catalog's signature does not cover them."""
-        self._check_writable()
-        if not is_digest(digest):
-            raise ValueError(f"{digest!r} is not a digest")
-        atomic_write(self._ref_path(namespace, name), (encode_ref(namespace, name, digest),), mode=0o644)
-
-    def ref_get(self, namespace: str, name: str) -> str | None:
-        """The digest ``namespace/name`` points at, or None: also when its MAC is not
-        this user's (a ref someone else wrote or forged is a miss, never loaded)."""
-        path = self._ref_path(namespace, name)
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        digest, trusted = read_ref(self.root, namespace, name, raw)
-        if digest is None:
-            raise CorruptObjectError(f"ref file {path} does not hold a digest; delete it")
-        return digest if trusted else None
-
-    def ref_delete(self, namespace: str, name: str) -> bool:
-        """Remove a ref; return whether it existed."""
-        self._check_writable()
-        try:
-            self._ref_path(namespace, name).unlink()
-        except FileNotFoundError:
-            return False
-        return True
-
-    def ref_namespaces(self) -> list[str]:
-        """The namespaces that hold refs."""
-        try:
-            return sorted(e.name for e in os.scandir(self.refs_dir) if e.is_dir() and _REF_NAME_RE.fullmatch(e.name))
-        except FileNotFoundError:
-            return []
-
-    def iter_refs(self, namespace: str, *, trusted_only: bool = False) -> Iterator[tuple[str, str]]:
-        """``(name, digest)`` for every ref in ``namespace``; damaged ref files are
-        skipped, and with ``trusted_only`` those ``ref_get`` would not return."""
-        base = self.refs_dir / namespace
-        self._ref_path(namespace, "x")  # validates the namespace
-        for folder, _, files in os.walk(base):
-            for name in sorted(files):
-                if name.startswith(".") or not _REF_NAME_RE.fullmatch(name):
-                    continue
-                try:
-                    raw = (Path(folder) / name).read_bytes()
-                except FileNotFoundError:
-                    continue  # deleted while we listed
-                digest, trusted = read_ref(self.root, namespace, name, raw) if trusted_only else (ref_digest(raw), True)
-                if digest is not None and trusted:
-                    yield name, digest
