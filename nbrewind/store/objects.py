@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -81,7 +82,9 @@ class ObjectStore(StagingMixin, RefsMixin):
         self.compression_level = compression_level
         self.staging_budget = staging_budget
         """At most this many bytes of staged chunks are held; past it ``stage_blob`` writes at once."""
-        self.snapshot_min_bytes = _SNAPSHOT_MIN_BYTES
+        # NBREWIND_SNAPSHOT=0 turns the forked writer off (always copy), for a process
+        # where fork() is unwelcome (an MPI rank, a GPU context).
+        self.snapshot_min_bytes = _SNAPSHOT_MIN_BYTES if os.environ.get("NBREWIND_SNAPSHOT", "1") != "0" else sys.maxsize
         """From this many new bytes on, ``protect`` forks a snapshot writer instead of copying."""
         self.bytes_written = 0
         """Bytes this object wrote to disk (headers included); deduplicated puts add nothing."""

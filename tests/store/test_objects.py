@@ -294,3 +294,15 @@ def test_staged_blob_round_trip_and_dedup(store: Store) -> None:
     second = store.objects.stage_blob(data)
     assert second.digest == first.digest and second.new_bytes == 0
     assert bytes(store.objects.get_blob(first.digest)) == data
+
+
+def test_nbrewind_snapshot_0_turns_the_forked_writer_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With NBREWIND_SNAPSHOT=0 protect() copies whatever the size, and the blob still lands."""
+    monkeypatch.setenv("NBREWIND_SNAPSHOT", "0")
+    store = ObjectStore(tmp_path)
+    data = np.arange(3_000_000, dtype=np.float64)  # 24 MB: above the size that would fork
+    staged = store.stage_blob(data)
+    assert store.protect([staged]) == "copy"
+    data[::2] += 1  # the next cell edits it in place: what was staged is still written
+    store.commit(staged)
+    assert bytes(store.get_blob(staged.digest)) == np.arange(3_000_000, dtype=np.float64).tobytes()
