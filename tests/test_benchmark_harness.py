@@ -18,7 +18,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = [pytest.mark.kernel, pytest.mark.cluster]
+# Its own CI step (`python -m pytest -m harness`): on a loaded 2-core machine it takes
+# minutes, and it must not be what times out the rest of the suite.
+pytestmark = [pytest.mark.kernel, pytest.mark.cluster, pytest.mark.harness]
 
 
 def _quick(tmp_path: Path) -> dict:
@@ -31,7 +33,7 @@ def _quick(tmp_path: Path) -> dict:
         env=env,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=1500,
     )
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -40,7 +42,7 @@ def _quick(tmp_path: Path) -> dict:
     return report
 
 
-@pytest.mark.timeout(290)
+@pytest.mark.timeout(1560)
 def test_quick_harness_repeat_outputs_equal_fresh_outputs(tmp_path: Path) -> None:
     report = _quick(tmp_path)
     assert report["failures"] == [], "\n".join(report["failures"])
