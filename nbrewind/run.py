@@ -12,9 +12,11 @@ from typing import Any
 KERNELS = {"audit": "nbrewind-audit", "repeat": "nbrewind-repeat", "python3": "python3"}
 
 #: Seconds the kernel gets to finish its writes after the shutdown request before it is
-#: killed (jupyter_client's default is 5 s, with SIGTERM at half of it). The kernel exits
-#: as soon as its last checkpoints are durable, so this only bounds a stuck kernel.
-SHUTDOWN_WAIT_SECONDS = 120.0
+#: killed (jupyter_client's default is 5 s, with SIGTERM at half of it). The kernel keeps
+#: its backlog under 2 s and holds off SIGTERM while it flushes, so this is margin. Not
+#: more: a kernel whose notebook left a process LocalCluster open lingers ~30 s in
+#: distributed's exit handlers, and a plain kernel is killed after 5 s too.
+SHUTDOWN_WAIT_SECONDS = 10.0
 
 
 @dataclass
