@@ -12,12 +12,11 @@ files are re-signed with this user's secret.
 from __future__ import annotations
 
 import os
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
 from nbrewind.errors import PackError
-from nbrewind.pack.verify import locate, verify
+from nbrewind.pack.verify import catalog_problems, locate, verify
 from nbrewind.store import ObjectStore
 from nbrewind.store.origin import MANIFEST_NAME, is_trusted, sign_store, trust_db_path
 from nbrewind.store.store import CATALOG_NAME, MARKER_NAME
@@ -84,22 +83,12 @@ def _plain_store(target: Path) -> Path | None:
 
 
 def _catalog_problems(store: Path) -> list[str]:
-    """A catalog that is missing, damaged, or carries triggers or views (SQL that
-    would run on our writes); objects need no check here, every read verifies them."""
+    """A catalog that is missing, damaged, or carries triggers or views; objects need no
+    check here, every read verifies them."""
     catalog = store / CATALOG_NAME
     if not catalog.is_file():
         return [f"{catalog} is missing: there is nothing to trust"]
-    try:
-        conn = sqlite3.connect(f"{catalog.resolve().as_uri()}?mode=ro", uri=True)
-        try:
-            check = conn.execute("PRAGMA integrity_check").fetchone()
-            extra = conn.execute("SELECT type, name FROM sqlite_master WHERE type IN ('trigger', 'view')").fetchall()
-        finally:
-            conn.close()
-    except sqlite3.Error as exc:
-        return [f"catalog: cannot be read ({exc})"]
-    problems = [] if check and check[0] == "ok" else [f"catalog: SQLite integrity check failed ({check[0] if check else 'no answer'})"]
-    return problems + [f"catalog: unexpected {kind} {name!r}; NBRewind catalogs have none" for kind, name in extra]
+    return catalog_problems(catalog)
 
 
 def _sign_refs(store: Path) -> int:

@@ -115,13 +115,9 @@ def _sha256(path: Path) -> str:
     return sha.hexdigest()
 
 
-def check_store(store_root: Path) -> list[str]:
-    """Problems of a store that came from a backpack: a catalog that is damaged
-    or carries triggers or views (SQL that would run on our writes), objects
-    that are corrupt or referenced but missing, and the records (cell runs,
-    rebuild records, task results) those break."""
-    problems: list[str] = []
-    catalog = store_root / CATALOG_NAME
+def catalog_problems(catalog: Path) -> list[str]:
+    """A catalog that cannot be read, fails SQLite's integrity check, or carries triggers
+    or views (SQL that would run on our writes)."""
     try:
         conn = sqlite3.connect(f"{catalog.resolve().as_uri()}?mode=ro", uri=True)
         try:
@@ -129,11 +125,19 @@ def check_store(store_root: Path) -> list[str]:
             extra = conn.execute("SELECT type, name FROM sqlite_master WHERE type IN ('trigger', 'view')").fetchall()
         finally:
             conn.close()
-        if not check or check[0] != "ok":
-            problems.append(f"catalog: SQLite integrity check failed ({check[0] if check else 'no answer'})")
-        problems.extend(f"catalog: unexpected {kind} {name!r}; NBRewind catalogs have none" for kind, name in extra)
     except sqlite3.Error as exc:
-        problems.append(f"catalog: cannot be read ({exc})")
+        return [f"catalog: cannot be read ({exc})"]
+    problems = [] if check and check[0] == "ok" else [f"catalog: SQLite integrity check failed ({check[0] if check else 'no answer'})"]
+    return problems + [f"catalog: unexpected {kind} {name!r}; NBRewind catalogs have none" for kind, name in extra]
+
+
+def check_store(store_root: Path) -> list[str]:
+    """Problems of a store that came from a backpack: a catalog that is damaged
+    or carries triggers or views (SQL that would run on our writes), objects
+    that are corrupt or referenced but missing, and the records (cell runs,
+    rebuild records, task results) those break."""
+    problems = catalog_problems(store_root / CATALOG_NAME)
+    if any(p.startswith("catalog: cannot be read") for p in problems):
         return problems
     try:
         with Store.open(store_root, create=False, readonly=True) as store:
