@@ -56,17 +56,18 @@ class Rebuilder:
         self._paths = paths
         self._notices = notices
 
-    def _producer(self, name: str, entry: Entry) -> tuple[str, dict[str, Any]] | None:
-        """The code of the newest recorded cell run that wrote `entry` for `name`, and the
-        checkpoint entries it started from."""
+    def _producer(self, name: str, entry: Entry) -> tuple[str, dict[str, Any], bool] | None:
+        """The code of the newest recorded cell run that wrote `entry` for `name`, the
+        checkpoint entries it started from, and whether that run ended in an error (a
+        cell may bind a name and then raise: what it bound is still the state)."""
         catalog = self._catalog
         for run in reversed(catalog.cell_runs()):
-            if run.checkpoint_id is None or run.status != "ok" or name not in (run.writes or ()):
+            if run.checkpoint_id is None or run.status not in ("ok", "error") or name not in (run.writes or ()):
                 continue
             if catalog.checkpoint_entries(run.checkpoint_id).get(name, ("",))[0] != entry.digest:
                 continue
             parent = catalog.get_checkpoint(run.checkpoint_id).parent_id
-            return run.code, catalog.checkpoint_entries(parent) if parent is not None else {}
+            return run.code, catalog.checkpoint_entries(parent) if parent is not None else {}, run.status == "error"
         return None
 
     def regenerate(self, name: str, entry: Entry, depth: int = 0, into: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -84,12 +85,12 @@ class Rebuilder:
         found = self._producer(name, entry)
         if found is None:
             raise LookupError(f"no recorded cell run wrote {name!r} as it is stored")
-        code, parent_entries = found
+        code, parent_entries, failed = found
         try:
             code = self._shell.transform_cell(code)
         except Exception:
             pass
-        scratch = self._rerun(code, parent_entries, f"<nbrewind re-run to make {name} again>", depth + 1)
+        scratch = self._rerun(code, parent_entries, f"<nbrewind re-run to make {name} again>", depth + 1, failed)
         members = entry.group or (name,)
         group = {m: dict.__getitem__(scratch, m) for m in members if dict.__contains__(scratch, m)}
         if name not in group:
@@ -113,10 +114,14 @@ class Rebuilder:
                     self._state.entries[member] = Entry(staged.digest, old.kind, old.key, old.group, old.extra)
         return values
 
-    def _rerun(self, code: str, entries: Mapping[str, Any], label: str, depth: int = 0) -> LazyNamespace:
+    def _rerun(
+        self, code: str, entries: Mapping[str, Any], label: str, depth: int = 0, failed: bool = False
+    ) -> LazyNamespace:
         """Run `code` in a scratch namespace holding `entries` (a checkpoint's name ->
         (digest, meta)), loaded lazily so only what it reads is loaded, with the global
-        RNGs as that checkpoint had them; the process is left as it was found."""
+        RNGs as that checkpoint had them; the process is left as it was found. A cell whose
+        recorded run ended in an error (`failed`) may raise again: what it bound before
+        counts, and the caller checks that against the record."""
         scratch = LazyNamespace()
         dict.update(scratch, {k: v for k, v in dict.items(self._shell.user_ns) if k in policy.MODULE_DUNDERS})
 
@@ -159,7 +164,11 @@ class Rebuilder:
                 # The shell's own compiler flags (a cell's `from __future__ import ...` lasts),
                 # never this module's: inherited, they would change what the code compiles to.
                 flags = getattr(getattr(self._shell, "compile", None), "flags", 0)
-                exec(compile(code, label, "exec", flags=flags, dont_inherit=True), scratch)
+                try:
+                    exec(compile(code, label, "exec", flags=flags, dont_inherit=True), scratch)
+                except Exception:
+                    if not failed:
+                        raise
         finally:
             os.chdir(saved_cwd)
             _set_env(saved_env)
@@ -187,7 +196,7 @@ class Rebuilder:
             found = self._producer(name, entry)
             if found is None:
                 raise
-            code, entries = found
+            code, entries, _ = found
             try:
                 code = self._shell.transform_cell(code)
             except Exception:

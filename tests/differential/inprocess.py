@@ -22,6 +22,7 @@ import io
 import os
 import random
 import sys
+import warnings as pywarnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,8 @@ from differential.canon import canonical_namespace
 # libraries the generated notebooks use before any run keeps every run alike.
 import dask.config  # noqa: E402,F401
 import numpy  # noqa: E402,F401
+
+_BASELINE_FILTERS = list(pywarnings.filters)
 
 Event = tuple[str, ...]
 """("stream", name, text) | ("result", text/plain) | ("error", ename, evalue)."""
@@ -198,9 +201,14 @@ def _events_from_emitted(emitted: list[tuple[str, dict[str, Any]]]) -> list[Even
 
 @contextlib.contextmanager
 def isolated_process_state(workdir: Path, rng_seed: str) -> Iterator[None]:
-    """chdir into `workdir`, seed the global RNGs with `rng_seed`, restore cwd and env after."""
+    """chdir into `workdir`, seed the global RNGs with `rng_seed`, start from the warning
+    filters this module was imported with (cases save and compare them, and what earlier
+    tests left there must not change what a case stores), restore cwd, env and filters after."""
     old_cwd = os.getcwd()
     old_env = dict(os.environ)
+    old_filters = list(pywarnings.filters)
+    pywarnings.filters[:] = _BASELINE_FILTERS
+    pywarnings._filters_mutated()  # type: ignore[attr-defined]
     workdir.mkdir(parents=True, exist_ok=True)
     os.chdir(workdir)
     random.seed(rng_seed)
@@ -213,6 +221,8 @@ def isolated_process_state(workdir: Path, rng_seed: str) -> Iterator[None]:
         os.chdir(old_cwd)
         os.environ.clear()
         os.environ.update(old_env)
+        pywarnings.filters[:] = old_filters
+        pywarnings._filters_mutated()  # type: ignore[attr-defined]
 
 
 def _files(workdir: Path) -> dict[str, bytes]:

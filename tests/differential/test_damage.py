@@ -70,3 +70,41 @@ def test_repeat_on_damaged_store_matches_plain(seed: int, variant: int, tmp_path
         case.describe() + "\n\ndamage: " + "; ".join(done) + "\n\nrepeat of N' on the damaged store differs from a plain run:\n"
         + "\n".join(problems)
     )
+
+
+@pytest.mark.parametrize(
+    "producer",
+    [
+        "x_0 += 1\nraise ValueError(f'bad value {x_0}')",
+        "x_0 = x_0 * 2\nassert x_0 < 0, 'x_0 is positive'",
+        "for i in range(3):\n    x_0 += i\n    if i == 2:\n        {}['missing']",
+    ],
+    ids=["raise", "assert", "loop"],
+)
+def test_value_bound_by_a_cell_that_then_raised_is_made_again(producer: str, tmp_path: Path) -> None:
+    """A cell may bind a name and then raise; what it bound is state. When its object is lost,
+    the cell is re-run (raising again, as recorded) to make it, and a later edited cell sees
+    exactly what a plain run gives."""
+    cells = ("x_0 = 30", producer, "y_0 = x_0 * 10\ny_0", "z_0 = 1")
+    edited = (*cells[:3], "z_0 = 2\nx_0 + z_0")
+    store = tmp_path / "store"
+    run_cells(cells, tmp_path / "audit", mode="audit", store=store)
+    with Store.open(store) as opened:
+        runs = opened.catalog.cell_runs()
+        failed = [r for r in runs if r.status == "error"]
+        assert len(failed) == 1 and "x_0" in (failed[0].writes or ())
+        digest = opened.catalog.checkpoint_entries(failed[0].checkpoint_id)["x_0"][0]
+        path = opened.objects.path_of(digest)
+    # Present but unreadable: the replay of the raising cell goes ahead, and the value is
+    # found damaged only when a later cell loads it.
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    os.chmod(path, 0o644)
+    path.write_bytes(bytes(data))
+    repeat = run_cells(edited, tmp_path / "repeat", mode="repeat", store=store)
+    fresh = run_cells(edited, tmp_path / "fresh")
+    for run in (repeat, fresh):
+        run.rng.clear()  # never seeded: not determined
+    assert not differences(repeat, fresh)
+    assert not any("could not be brought back" in w for w in repeat.warnings), repeat.warnings
+    assert repeat.cells[3].decision == "executed" and repeat.cells[2].decision == "replayed"
