@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -235,10 +237,13 @@ def run_notebook(
         store_path = Path(store).absolute() if store is not None else default_store(path, kernel_env)
         kernel_env["NBREWIND_STORE"] = str(store_path)
     manager: dict[str, Any] = {"shutdown_wait_time": float(shutdown_wait)}
+    sockets = None
     if sys.platform.startswith("linux"):
         # Unix sockets instead of TCP on localhost: nothing listens on the network, and
-        # ipykernel has no reason to warn about unencrypted TCP.
-        manager["transport"] = "ipc"
+        # ipykernel has no reason to warn about unencrypted TCP. Their path is set here:
+        # jupyter_client's default is relative, so they would appear in the kernel's cwd.
+        sockets = tempfile.mkdtemp(prefix="nbrewind-ipc-")
+        manager.update(transport="ipc", ip=os.path.join(sockets, "kernel"))
     client = NotebookClient(
         nb,
         kernel_name=KERNELS[short],
@@ -295,6 +300,8 @@ def run_notebook(
         if not stop.is_set():
             raise
     finally:
+        if sockets is not None:
+            shutil.rmtree(sockets, ignore_errors=True)
         result.interrupted = stop.is_set()
         result.failed = result.failed and not result.interrupted
         result.seconds = time.perf_counter() - started
