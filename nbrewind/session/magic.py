@@ -27,7 +27,7 @@ def _usage_error(message: str) -> Exception:
     every kernel; a ValueError elsewhere. Looked up, not imported: the session does not
     import IPython at run time."""
     error = getattr(sys.modules.get("IPython.core.error"), "UsageError", ValueError)
-    return error(f"{message}\n{USAGE}")  # type: ignore[no-any-return]
+    return error(f"{message}\n{USAGE}")
 
 
 def run_magic(session: Session, line: str) -> None:

@@ -115,8 +115,8 @@ def test_a_missing_store_is_reported_as_missing(cli: Cli, tmp_path: Path) -> Non
     result = cli("du", "--store", str(missing))
     assert result.returncode == 2
     assert one_line(result) == (
-        f"jupyter nbrewind du: no store: nonexistent (--store) does not exist; "
-        f"no *.nbrewind store nearby: run the notebook on the audit kernel first"
+        "jupyter nbrewind du: no store: nonexistent (--store) does not exist; "
+        "no *.nbrewind store nearby: run the notebook on the audit kernel first"
     )
 
 
