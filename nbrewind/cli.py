@@ -355,6 +355,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         notice = _trust_notice(store)
         if notice:
             print(notice, file=sys.stderr)
+    if kernel == "repeat" and not store.exists():
+        print(f"jupyter nbrewind run: no store at {_show(store)} yet, so every cell runs"
+              + _papermill_hint(notebook, args.cwd), file=sys.stderr)
     bar = None if (args.quiet or args.json or not sys.stderr.isatty()) else _progress_bar(notebook.name)
     result = run_notebook(
         notebook, kernel=kernel, store=str(store) if kernel != "python3" else None, output=args.output,
@@ -385,6 +388,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         for error in result.errors:
             print(f"  {error}", file=sys.stderr)
     return 0
+
+
+def _papermill_hint(notebook: Path, cwd: str | None) -> str:
+    """Where a store from `papermill -k nbrewind-audit` would be: papermill tells the
+    kernel only its cwd and environment, so without NBREWIND_STORE it is ./.nbrewind."""
+    for folder in dict.fromkeys([Path(cwd or notebook.absolute().parent).absolute(), Path.cwd()]):
+        candidate = folder / ".nbrewind"
+        if candidate.is_dir():
+            return (f"; {_show(candidate)} exists (papermill's kernels store there unless NBREWIND_STORE is set): "
+                    f"pass --store {_show(candidate)} to replay from it")
+    return ""
 
 
 def _run_summary(result: Any) -> list[Any]:

@@ -145,3 +145,17 @@ def test_cwd_sets_the_kernels_working_directory(cli: Cli, tmp_path: Path) -> Non
     result = cli("run", "nb.ipynb", "--cwd", "work", "-o", "out.ipynb", "-k", "python3", "--quiet")
     assert result.returncode == 0, result.stderr
     assert code_outputs(tmp_path / "out.ipynb")[0][0]["text"] == f"{tmp_path / 'work'}\n"
+
+
+def test_run_points_at_the_store_papermill_made_without_nbrewind_store(cli: Cli, tmp_path: Path) -> None:
+    write_notebook(tmp_path / "nb.ipynb", PARAMETERIZED)
+    pm = papermill("nb.ipynb", "pm.ipynb", "-k", "nbrewind-audit", "--no-progress-bar", cwd=tmp_path)
+    assert pm.returncode == 0, pm.stderr
+    assert (tmp_path / ".nbrewind").is_dir() and not (tmp_path / "nb.ipynb.nbrewind").exists()
+    hinted = cli("run", "nb.ipynb", "--kernel", "repeat", "--quiet")
+    assert hinted.stderr.splitlines()[0] == (
+        "jupyter nbrewind run: no store at nb.ipynb.nbrewind yet, so every cell runs; .nbrewind exists (papermill's "
+        "kernels store there unless NBREWIND_STORE is set): pass --store .nbrewind to replay from it"
+    )
+    replay = cli("run", "nb.ipynb", "--kernel", "repeat", "--store", ".nbrewind", "--json")
+    assert [s["decision"] for s in json.loads(replay.stdout)["summary"]] == ["replayed"] * 4
