@@ -317,6 +317,28 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prune(args: argparse.Namespace) -> int:
+    from nbrewind.store.retention import prune
+
+    with _open_store(args, readonly=not args.yes) as store:
+        plan = prune(store, args.keep_sessions, dry_run=not args.yes, min_age_seconds=args.min_age)
+    if args.json:
+        print(_json(plan))
+        return 0
+    verb = "removed" if args.yes else "would remove"
+    print(f"{plan.store}: keeping the newest {len(plan.kept_sessions)} session(s); {verb} "
+          f"{len(plan.dropped_sessions)} older session(s): {plan.cell_runs} cell run(s), {plan.checkpoints} "
+          f"checkpoint(s), {plan.task_rows} task log row(s) and {plan.task_refs} cached task result(s)")
+    if plan.cell_runs_kept_for_replays:
+        print(f"kept {plan.cell_runs_kept_for_replays} older cell run(s) that the kept sessions' replays and checkpoints need")
+    if args.yes:
+        print(f"removed {plan.objects_removed:,} unreachable objects ({plan.bytes_removed:,} bytes)"
+              + (f"; {plan.objects_kept_recent:,} younger than {args.min_age:g} s kept" if plan.objects_kept_recent else ""))
+    else:
+        print("dry run: run again with --yes to remove them")
+    return 0
+
+
 def cmd_log(args: argparse.Namespace) -> int:
     from nbrewind.store.report import cell_log, format_log, format_tasks, task_rows
 
@@ -519,6 +541,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", action="store_true", help="really delete")
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
     p.set_defaults(func=cmd_gc)
+
+    p = command("prune", "drop all but the newest kernel sessions (dry run without --yes)",
+                "Keep the newest N kernel sessions of a store and what they need (the recorded runs their replays "
+                "re-sent, their checkpoints, the task results they used); remove the rest, then the objects "
+                "nothing reaches any more.")
+    p.add_argument("target", nargs="?", metavar="NOTEBOOK", help=_TARGET_HELP)
+    p.add_argument("--store", help=_STORE_HELP)
+    p.add_argument("--keep-sessions", type=int, required=True, metavar="N", help="how many of the newest sessions to keep")
+    p.add_argument("--yes", action="store_true", help="really remove (default: only report)")
+    p.add_argument("--min-age", type=float, default=900.0, metavar="SECONDS",
+                   help="keep unreachable objects younger than this, as gc does (default: 900)")
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p.set_defaults(func=cmd_prune)
 
     p = command("run", "execute a notebook headless, like papermill, on the audit, repeat or python3 kernel",
                 "Execute a notebook headless. Parameters are injected after the cell tagged 'parameters' as papermill "
