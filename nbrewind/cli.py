@@ -585,7 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "Audit a small bundled notebook, change one parameter, run it on the repeat kernel and show which "
                 "cells replayed, which ran and the time saved.")
     p.add_argument("--dir", help="work in this folder instead of a temporary one (kept)")
-    p.add_argument("--keep", action="store_true", help="keep the temporary folder (printed at the end)")
+    p.add_argument("--keep", action="store_true", help="keep the folder (the default; accepted for older scripts)")
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
     p.set_defaults(func=cmd_demo)
 
