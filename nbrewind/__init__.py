@@ -24,7 +24,7 @@ from typing import Any
 from nbrewind import checkpoint as _checkpoint_package
 from nbrewind._version import __version__
 
-__all__ = ["__version__", "checkpoint", "impure", "prioritize", "publish", "published", "resume"]
+__all__ = ["__version__", "checkpoint", "impure", "prioritize", "publish", "published", "resume", "update_task"]
 
 
 class _CallableCheckpointPackage(ModuleType):
@@ -56,6 +56,7 @@ _LAZY = {
     "resume": "nbrewind.tasks.resume",
     "publish": "nbrewind.tasks.resume",
     "published": "nbrewind.tasks.resume",
+    "update_task": "nbrewind.tasks.update",
 }
 
 
