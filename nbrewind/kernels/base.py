@@ -19,6 +19,7 @@ from ipykernel.ipkernel import IPythonKernel
 
 from nbrewind._version import __version__
 from nbrewind.session import Session
+from nbrewind.tasks.priority import auto_priority_for_new_clients
 
 #: Longest the writer's backlog may take to drain when the kernel replies to a cell (seconds).
 #: Jupyter clients send SIGTERM half-way through their shutdown wait (5 s by default) and
@@ -57,6 +58,9 @@ class NbrewindKernel(IPythonKernel):
         self.nbrewind = Session.for_shell(self.shell, mode=self.mode, emit=self._emit, log=self.log.warning)
         self._patches.callback(self.nbrewind.close)
         self._patches.enter_context(self.nbrewind.observe_sends(self.session))
+        # Every distributed Client the notebook creates bumps what it waits for
+        # (docs/priority.md); the dask config key nbrewind.auto-priority switches it off.
+        self._patches.enter_context(auto_priority_for_new_clients())
         assert self.shell is not None
         self.shell.register_magic_function(self.nbrewind.magic, magic_kind="line", magic_name="nbrewind")
 

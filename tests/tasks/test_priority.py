@@ -37,11 +37,16 @@ np = pytest.importorskip("numpy")
 
 from nbrewind.tasks import priority  # noqa: E402
 from nbrewind.tasks.priority import (  # noqa: E402
+    CONFIG_KEY,
+    auto_priority_enabled,
+    auto_priority_for_new_clients,
     bump_head,
+    bump_waited,
     enable_auto_priority,
     install,
     prioritize,
     reheap,
+    set_auto_priority,
     strip_bump,
 )
 
@@ -416,4 +421,138 @@ def test_auto_priority_restores_what_it_patched() -> None:
         assert Future.result is original_result
         assert Client.gather is original_gather
         assert "result" not in vars(Future) or vars(Future)["result"] is original_result
-        assert not priority.auto._auto_clients
+        assert not priority.auto._explicit
+
+
+# -- the switch, enrolment and restoring -----------------------------------------
+
+
+def test_the_switch_is_a_dask_config_key_read_at_every_check() -> None:
+    with dask.config.set({CONFIG_KEY: True}):  # restores whatever the test sets inside
+        assert auto_priority_enabled()
+        set_auto_priority(False)
+        assert not auto_priority_enabled()
+        assert dask.config.get(CONFIG_KEY) is False
+        set_auto_priority(True)
+        assert auto_priority_enabled()
+        for text, expected in [("false", False), ("Off", False), ("0", False), ("no", False), ("true", True), ("1", True)]:
+            with dask.config.set({CONFIG_KEY: text}):
+                assert auto_priority_enabled() is expected, text
+        with dask.config.set({"nbrewind.auto_priority": False}):  # dask treats - and _ alike
+            assert not auto_priority_enabled()
+
+
+def _patched_attributes() -> dict[str, Any]:
+    from distributed.client import as_completed
+
+    return {f"{cls.__name__}.{name}": value for cls in (Client, Future, as_completed) for name, value in vars(cls).items()}
+
+
+def test_every_patch_is_undone_exactly_on_exit_even_after_an_error() -> None:
+    before = _patched_attributes()
+    meta_path = list(sys.meta_path)
+    with auto_priority_for_new_clients():
+        during = _patched_attributes()
+        changed = {name for name in during if before.get(name) is not during[name]}
+        assert changed == {
+            "Client.__init__", "Client.gather", "Client.sync", "Future.result",
+            "as_completed.update", "as_completed.__next__", "as_completed.next", "as_completed.__anext__",
+        }
+        with pytest.raises(RuntimeError, match="boom"), auto_priority_for_new_clients():
+            raise RuntimeError("boom")
+        assert _patched_attributes() == during  # the outer block still holds them
+    after = _patched_attributes()
+    assert after.keys() == before.keys()
+    assert all(after[name] is before[name] for name in before)
+    assert sys.meta_path == meta_path
+    assert not priority.auto._enrollers and not priority.auto._explicit
+
+
+def test_entering_before_distributed_is_imported_patches_it_when_it_is() -> None:
+    """The kernels enter the context at start: it must import nothing, and still catch distributed."""
+    code = """
+import sys
+from nbrewind.tasks.priority import auto_priority_for_new_clients
+with auto_priority_for_new_clients():
+    assert not [m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed')]
+    import distributed
+    patched = distributed.Client.__init__
+    assert getattr(patched, '__wrapped__', None) is not None
+    assert 'sync' in vars(distributed.Client)
+assert distributed.Client.__init__ is patched.__wrapped__
+assert 'sync' not in vars(distributed.Client)
+assert not [f for f in sys.meta_path if type(f).__module__.startswith('nbrewind')]
+print('ok')
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+@needs_cluster
+def test_clients_created_inside_are_enabled_for_their_lifetime_and_only_they() -> None:
+    with one_thread_cluster() as before:
+        with auto_priority_for_new_clients():
+            with Client(before.cluster) as inside:
+                assert inside in priority.auto._enrolled
+                assert before not in priority.auto._enrolled
+
+                def plugins(dask_scheduler: Any) -> list[str]:
+                    return list(dask_scheduler.plugins)
+
+                assert priority.PLUGIN_NAME in inside.run_on_scheduler(plugins)
+                assert bump_waited(inside.map(gated, range(3), pure=False)[:1]) == 1
+                assert bump_waited(before.map(gated, range(3), pure=False)[:1]) == 0
+                GATE.open()
+            assert inside in priority.auto._enrolled  # for its lifetime, closed or not
+        assert not priority.auto._enrolled
+
+
+@needs_cluster
+def test_a_wait_for_everything_the_client_holds_sends_no_bump() -> None:
+    with one_thread_cluster() as client, enable_auto_priority(client):
+        futures = client.map(gated, range(10), pure=False)
+        assert bump_waited(futures) == 0  # nothing of the client's own left to overtake
+        assert bump_waited(futures[:3]) == 1
+        with dask.config.set({CONFIG_KEY: False}):
+            assert bump_waited(futures[:3]) == 0
+        GATE.open()
+        client.gather(futures)
+        assert bump_waited(futures[:3]) == 0  # finished: nothing to bump
+
+
+@needs_cluster
+def test_a_failed_bump_never_fails_the_wait_and_warns_once(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    with one_thread_cluster() as client, enable_auto_priority(client):
+        monkeypatch.setattr(priority.auto, "is_installed", lambda client: False)
+
+        def broken(client: Any) -> None:
+            raise OSError("no plugins today")
+
+        monkeypatch.setattr(priority.auto, "install", broken)
+        futures = client.map(gated, range(5), pure=False)
+        GATE.open()
+        with caplog.at_level("WARNING", logger="nbrewind.tasks.priority.auto"):
+            assert futures[3].result() == 3
+            assert client.gather(futures[:2]) == [0, 1]
+        warnings = [r for r in caplog.records if r.name == "nbrewind.tasks.priority.auto"]
+        assert len(warnings) == 1 and "waiting without a priority bump" in warnings[0].getMessage()
+
+
+@needs_cluster
+def test_as_completed_bumps_futures_added_after_its_first_bump() -> None:
+    """The loop's first blocking step bumps its futures; one added later is bumped at the next."""
+    from distributed import as_completed
+
+    with one_thread_cluster() as client, enable_auto_priority(client):
+        futures = client.map(gated, range(N_TASKS))
+        iterator = as_completed([futures[150]])
+        late = futures[180]
+        assert open_when_bumped(client, [futures[150].key], lambda: next(iterator)) is futures[150]
+        GATE.opened.clear()
+        iterator.add(late)
+        assert open_when_bumped(client, [late.key], lambda: next(iterator)) is late
+        client.gather(futures)
+        order = GATE.order()
+        # Unbumped, 180 would finish after 100; only tasks run while the gate was
+        # open between the two steps (a handful) come before it.
+        assert order.index(180) < order.index(100), order[:20]

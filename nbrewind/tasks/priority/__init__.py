@@ -24,12 +24,12 @@ of any dask import.
 
 The package: ``plugins`` (the scheduler and worker halves and how a bump orders),
 ``client`` (:func:`prioritize` and the keys it targets), ``auto`` (bumps whenever a
-client blocks).
+client waits), ``switch`` (the config key that turns automatic bumps off).
 """
 
 from __future__ import annotations
 
-from nbrewind.tasks.priority.auto import enable_auto_priority
+from nbrewind.tasks.priority.auto import auto_priority_for_new_clients, bump_waited, enable_auto_priority
 from nbrewind.tasks.priority.client import install, prioritize
 from nbrewind.tasks.priority.plugins import (
     ARRIVAL_WAIT,
@@ -41,17 +41,23 @@ from nbrewind.tasks.priority.plugins import (
     reheap,
     strip_bump,
 )
+from nbrewind.tasks.priority.switch import CONFIG_KEY, auto_priority_enabled, set_auto_priority
 
 __all__ = [
     "ARRIVAL_WAIT",
+    "CONFIG_KEY",
     "PENDING_TTL",
     "PLUGIN_NAME",
     "SCHEDULER_OP",
     "WORKER_OP",
+    "auto_priority_enabled",
+    "auto_priority_for_new_clients",
     "bump_head",
+    "bump_waited",
     "enable_auto_priority",
     "install",
     "prioritize",
     "reheap",
+    "set_auto_priority",
     "strip_bump",
 ]

@@ -1,42 +1,151 @@
-"""Automatic bumps: whatever an enabled client blocks on is prioritized first."""
+"""Automatic bumps: whatever an enabled client waits for is prioritized first.
+
+A client is enabled by :func:`enable_auto_priority` (one client, for a ``with``
+block) or by being created inside :func:`auto_priority_for_new_clients` (every
+``Client`` made in the block, for its lifetime: what the NBRewind kernels enter).
+While either is active, these waits bump the pending futures they wait on:
+
+- ``Future.result()``, and so ``await future`` (``Future.__await__`` calls it);
+- ``Client.gather``, and so ``.compute()``, ``dask.compute`` and ``Client.get``,
+  which wait with it: computing a slice of a persisted collection bumps the
+  chunks it needs;
+- ``distributed.wait``: a module function that notebooks import by name, so it
+  is caught where every binding of it goes, ``Client.sync(_wait, ...)``;
+- ``as_completed`` iteration: when the next step would block, the iterator's
+  futures not bumped yet (all of them the first time, later only those added).
+
+Bumps are sent to the scheduler without waiting for the reply, so a wait is never
+slower by a round trip. They are skipped when :func:`~.switch.auto_priority_enabled`
+is false, inside a Dask task, when the futures waited for are all the futures the
+client holds (there is nothing they could overtake), and, on the scheduler, when no
+other task is going to run (waiting for a whole computation). A failed bump logs
+one warning per client; the wait goes on as if nothing had been asked.
+
+The patches are on distributed's classes, installed when the first context is
+entered and restored exactly when the last one exits. If ``distributed`` is not
+imported yet they are installed right after it is (a post-import hook), so
+entering a context imports nothing.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import importlib.abc
 import logging
+import sys
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from nbrewind.tasks.priority.client import _walk, install, prioritize
+from nbrewind.tasks.priority.client import _walk, install, install_async, is_installed
+from nbrewind.tasks.priority.switch import auto_priority_enabled
 
 if TYPE_CHECKING:
-    from distributed import Client, Future
+    from distributed import Client
 
 logger = logging.getLogger(__name__)
 
-_auto_lock = threading.Lock()
-_auto_clients: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-_auto_patches: contextlib.ExitStack | None = None
+_lock = threading.RLock()
+#: Active contexts of either kind; the patches exist while it is positive.
+_users = 0
+_patches: contextlib.ExitStack | None = None
+#: Clients enabled by enable_auto_priority, with how many blocks enable them.
+_explicit: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+#: Clients created inside an auto_priority_for_new_clients block.
+_enrolled: weakref.WeakSet[Any] = weakref.WeakSet()
+#: Active auto_priority_for_new_clients blocks, each with the clients it enrolled.
+_enrollers: list[weakref.WeakSet[Any]] = []
+#: Futures added to an as_completed iterator and not bumped yet.
+_unbumped: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+_warned: weakref.WeakSet[Any] = weakref.WeakSet()
+#: Bumps in flight (asyncio keeps only weak references to tasks).
+_in_flight: set[Any] = set()
 
 
-def _bump_waited(client: Any, futures: Iterable[Any]) -> None:
-    """Bump the pending ones of ``futures`` if auto-priority is on for ``client``.
+def _enabled_for(client: Any) -> bool:
+    return client in _explicit or client in _enrolled
 
-    Called on every ``Future.result`` / ``Client.gather`` while patched, so it
-    costs nothing unless something is pending, and a failure only logs: the
-    caller still gets its result, just without the bump.
-    """
-    if client not in _auto_clients or getattr(client, "asynchronous", False):
-        return
-    pending = [f for f in futures if f.client is client and not f.done()]
-    if not pending:
-        return
+
+def _warn_once(client: Any, what: str) -> None:
+    with _lock:
+        try:
+            if client in _warned:
+                return
+            _warned.add(client)
+        except TypeError:  # not weak-referenceable: warn every time rather than never
+            pass
+    logger.warning("NBRewind: %s; waiting without a priority bump", what, exc_info=True)
+
+
+def _in_task() -> bool:
+    from distributed.worker import get_worker
+
     try:
-        prioritize(pending, client)
-    except Exception:  # noqa: BLE001 - a failed bump must not fail the user's request
-        logger.warning("nbrewind: could not raise the priority of %d futures", len(pending), exc_info=True)
+        get_worker()
+    except ValueError:
+        return False
+    return True
+
+
+def bump_waited(futures: Iterable[Any]) -> int:
+    """Bump the pending ones of ``futures`` whose client has automatic bumps on.
+
+    Called by every patched wait; returns how many bump requests it sent (one
+    per client at most). Never raises: a failure is one warning per client.
+    """
+    if not (_explicit or _enrolled):
+        return 0
+    sent = 0
+    try:
+        if not auto_priority_enabled():
+            return 0
+        from distributed import Future
+
+        by_client: dict[Any, set[Any]] = {}
+        for future in futures:
+            if isinstance(future, Future) and not future.done() and _enabled_for(future.client):
+                by_client.setdefault(future.client, set()).add(future.key)
+        if not by_client or _in_task():
+            return 0
+        for client, keys in by_client.items():
+            sent += _send(client, keys)
+    except Exception:  # noqa: BLE001 - a failed bump must never fail the wait
+        _warn_once(None, "could not raise the priority of the futures waited for")
+    return sent
+
+
+def _send(client: Any, keys: set[Any]) -> int:
+    # Every future the client holds is waited for: nothing of its own to overtake.
+    if len(keys) >= len(client.futures):
+        return 0
+    try:
+        if not client.asynchronous and not is_installed(client):
+            install(client)
+        client.loop.add_callback(_request, client, list(keys))
+    except Exception:  # noqa: BLE001
+        _warn_once(client, f"could not raise the priority of {len(keys)} futures")
+        return 0
+    return 1
+
+
+async def _request(client: Any, keys: list[Any]) -> None:
+    """Send one automatic bump from the client's event loop; log, never raise."""
+    task = asyncio.current_task()
+    _in_flight.add(task)
+    try:
+        if not is_installed(client):
+            await install_async(client)
+        await client.scheduler.nbrewind_prioritize(keys=keys, auto=True)
+    except Exception:  # noqa: BLE001
+        _warn_once(client, f"could not raise the priority of {len(keys)} futures")
+    finally:
+        _in_flight.discard(task)
+
+
+# -- patches ----------------------------------------------------------------------
 
 
 def _patch(stack: contextlib.ExitStack, owner: type, name: str, replacement: Any) -> None:
@@ -45,58 +154,226 @@ def _patch(stack: contextlib.ExitStack, owner: type, name: str, replacement: Any
         stack.callback(setattr, owner, name, vars(owner)[name])
     else:
         stack.callback(delattr, owner, name)
+    original = getattr(owner, name)
+    replacement.__doc__ = getattr(original, "__doc__", None)
+    replacement.__wrapped__ = original
     setattr(owner, name, replacement)
 
 
-def _install_patches() -> contextlib.ExitStack:
-    from distributed import Client, Future
+def _patch_distributed(stack: contextlib.ExitStack) -> None:
+    from distributed import client as client_module
 
-    original_result = Future.result
-    original_gather = Client.gather
+    client_cls, future_cls, as_completed = client_module.Client, client_module.Future, client_module.as_completed
+    original_init = client_cls.__init__
+    original_result = future_cls.result
+    original_gather = client_cls.gather
+    original_sync = client_cls.sync
+    wait_impl = client_module._wait
+    futures_of = client_module.futures_of
+    original_update = as_completed.update
+    original_next = as_completed.__next__
+    original_anext = as_completed.__anext__
 
-    def result(self: Future, *args: Any, **kwargs: Any) -> Any:
-        _bump_waited(self.client, [self])
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        if _enrollers:
+            _enroll(self)
+
+    def result(self: Any, *args: Any, **kwargs: Any) -> Any:
+        bump_waited((self,))
         return original_result(self, *args, **kwargs)
 
-    def gather(self: Client, futures: Any, *args: Any, **kwargs: Any) -> Any:
-        if not kwargs.get("asynchronous"):
-            _bump_waited(self, [f for f in _walk(futures) if isinstance(f, Future)])
+    def gather(self: Any, futures: Any, *args: Any, **kwargs: Any) -> Any:
+        bump_waited(_walk(futures))
         return original_gather(self, futures, *args, **kwargs)
 
-    result.__doc__ = original_result.__doc__
-    gather.__doc__ = original_gather.__doc__
+    def sync(self: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        if func is wait_impl and args:
+            bump_waited(futures_of(args[0]))
+        return original_sync(self, func, *args, **kwargs)
+
+    def update(self: Any, futures: Any) -> None:
+        futures = list(futures)
+        original_update(self, futures)
+        with _lock:
+            _unbumped.setdefault(self, []).extend(futures)
+
+    def _bump_next(iterator: Any) -> None:
+        if not iterator.queue.empty():
+            return
+        with _lock:
+            added = _unbumped.pop(iterator, None)
+        if added:
+            remaining = iterator.futures
+            bump_waited(f for f in added if f in remaining)
+
+    def __next__(self: Any) -> Any:
+        _bump_next(self)
+        return original_next(self)
+
+    async def __anext__(self: Any) -> Any:
+        _bump_next(self)
+        return await original_anext(self)
+
+    _patch(stack, client_cls, "__init__", __init__)
+    _patch(stack, future_cls, "result", result)
+    _patch(stack, client_cls, "gather", gather)
+    _patch(stack, client_cls, "sync", sync)
+    _patch(stack, as_completed, "update", update)
+    _patch(stack, as_completed, "__next__", __next__)
+    _patch(stack, as_completed, "next", __next__)
+    _patch(stack, as_completed, "__anext__", __anext__)
+    stack.callback(_unbumped.clear)
+
+
+def _enroll(client: Any) -> None:
+    """Turn automatic bumps on for a client just created inside an enrolling block."""
+    with _lock:
+        if not _enrollers:
+            return
+        _enrolled.add(client)
+        _enrollers[-1].add(client)
+    if client.asynchronous or client.status != "running":
+        return  # installed from its event loop at its first bump
+    try:
+        if auto_priority_enabled():
+            install(client)
+    except Exception:  # noqa: BLE001 - Client() must work even if the plugins cannot be registered
+        _warn_once(client, "could not register the priority plugins on the cluster")
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``then`` right after the ``distributed`` package is first imported.
+
+    It asks the other finders for the spec (so other post-import hooks keep
+    working) and wraps the loader's ``exec_module``.
+    """
+
+    TARGET = "distributed"
+
+    def __init__(self, then: Any) -> None:
+        self.then = then
+        self.active = True
+        self._busy = False
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
+        if fullname != self.TARGET or self._busy or not self.active:
+            return None
+        self._busy = True
+        try:
+            spec = None
+            for finder in list(sys.meta_path):
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self._busy = False
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        original = loader.exec_module
+        hook = self
+
+        def exec_module(module: ModuleType) -> None:
+            original(module)
+            if hook.active:
+                hook.active = False
+                hook.then()
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _install() -> contextlib.ExitStack:
     stack = contextlib.ExitStack()
-    _patch(stack, Future, "result", result)
-    _patch(stack, Client, "gather", gather)
+
+    def patch_now() -> None:
+        try:
+            _patch_distributed(stack)
+        except Exception:  # noqa: BLE001 - a changed distributed must not break its import
+            logger.warning("NBRewind: automatic priority bumps are off: could not patch distributed", exc_info=True)
+
+    if "distributed.client" in sys.modules:
+        patch_now()
+        return stack
+    hook = _AfterImport(patch_now)
+    sys.meta_path.insert(0, hook)
+
+    def remove_hook() -> None:
+        hook.active = False
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(hook)
+
+    stack.callback(remove_hook)
     return stack
 
 
 @contextlib.contextmanager
-def enable_auto_priority(client: Client) -> Iterator[Client]:
-    """Bump whatever ``client`` blocks on, for the duration of the ``with`` block.
-
-    Inside it, ``Future.result()`` on a pending future of ``client`` and
-    ``Client.gather`` of pending futures (which is how ``collection.compute()``
-    waits, so computing a slice of a persisted collection bumps the persisted
-    chunks it needs) call :func:`prioritize` first. The patches are on
-    distributed's ``Future.result`` and ``Client.gather``; they are shared by all
-    enabled clients, act only for those, and are removed when the last one exits.
-    """
-    install(client)
-    global _auto_patches
-    with _auto_lock:
-        if _auto_patches is None:
-            _auto_patches = _install_patches()
-        _auto_clients[client] = _auto_clients.get(client, 0) + 1
+def _patched() -> Iterator[None]:
+    global _users, _patches
+    with _lock:
+        if _patches is None:
+            _patches = _install()
+        _users += 1
     try:
-        yield client
+        yield
     finally:
-        with _auto_lock:
-            remaining = _auto_clients.get(client, 1) - 1
-            if remaining:
-                _auto_clients[client] = remaining
-            else:
-                _auto_clients.pop(client, None)
-            if not _auto_clients and _auto_patches is not None:
-                _auto_patches.close()
-                _auto_patches = None
+        with _lock:
+            _users -= 1
+            if not _users and _patches is not None:
+                stack, _patches = _patches, None
+                stack.close()
+
+
+@contextlib.contextmanager
+def enable_auto_priority(client: Client) -> Iterator[Client]:
+    """Bump whatever ``client`` waits for, for the duration of the ``with`` block.
+
+    Inside it, ``Future.result()`` (and ``await``), ``Client.gather`` (and so
+    ``.compute()``), ``distributed.wait`` and ``as_completed`` iteration on
+    pending futures of ``client`` bump them first. Blocks nest. When the last
+    active block (of this or :func:`auto_priority_for_new_clients`) ends,
+    distributed is exactly as before.
+    """
+    if not client.asynchronous:
+        install(client)
+    with _patched():
+        with _lock:
+            _explicit[client] = _explicit.get(client, 0) + 1
+        try:
+            yield client
+        finally:
+            with _lock:
+                remaining = _explicit.get(client, 1) - 1
+                if remaining:
+                    _explicit[client] = remaining
+                else:
+                    _explicit.pop(client, None)
+
+
+@contextlib.contextmanager
+def auto_priority_for_new_clients() -> Iterator[None]:
+    """Turn automatic bumps on for every ``Client`` created inside the block, for its lifetime.
+
+    This is what the NBRewind kernels enter for their own lifetime: a notebook's
+    ``Client(...)`` (or ``cluster.get_client()``) is enabled as it is created,
+    and its priority plugins are registered then, so the first wait costs no
+    extra round trip. ``nbrewind.auto-priority: false`` in the dask config
+    switches the bumps off (see :mod:`.switch`). Entering imports no dask; on
+    exit the clients it enabled are disabled and every patch is undone.
+    """
+    mine: weakref.WeakSet[Any] = weakref.WeakSet()
+    with _patched():
+        with _lock:
+            _enrollers.append(mine)
+        try:
+            yield
+        finally:
+            with _lock:
+                _enrollers.remove(mine)
+                for client in list(mine):
+                    if not any(client in other for other in _enrollers):
+                        _enrolled.discard(client)

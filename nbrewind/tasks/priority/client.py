@@ -28,6 +28,24 @@ def install(client: Client) -> None:
     _installed[client] = address
 
 
+async def install_async(client: Client) -> None:
+    """:func:`install` for an asynchronous client, awaited on its event loop."""
+    if client.scheduler is None:
+        raise ValueError("the client is not connected to a scheduler")
+    address = str(client.scheduler.address)
+    if _installed.get(client) == address:
+        return
+    await client.register_plugin(plugin_class("PrioritySchedulerPlugin")())
+    await client.register_plugin(plugin_class("PriorityWorkerPlugin")())
+    _installed[client] = address
+
+
+def is_installed(client: Client) -> bool:
+    """Whether :func:`install` already ran for ``client``'s current scheduler."""
+    scheduler = client.scheduler
+    return scheduler is not None and _installed.get(client) == str(scheduler.address)
+
+
 def prioritize(obj: Any, client: Client | None = None) -> int:
     """Run ``obj`` and everything it waits on before all other pending work.
 

@@ -20,6 +20,8 @@ SCHEDULER_OP = "nbrewind_prioritize"
 WORKER_OP = "nbrewind-prioritize"
 #: Scheduler states in which a task still has work ahead of it.
 BUMPABLE_STATES = frozenset({"released", "waiting", "queued", "no-worker", "processing"})
+#: Scheduler states of tasks that will run without anything else being asked for.
+ACTIVE_STATES = ("waiting", "queued", "no-worker", "processing")
 #: Seconds a key the scheduler does not know yet stays marked for a bump.
 PENDING_TTL = 60.0
 #: Seconds a request waits for unknown keys to arrive before replying.
@@ -81,6 +83,13 @@ class _SchedulerSide:
         self._pending: dict[Hashable, tuple[Priority, float]] = {}
         self._late_counts: dict[Priority, int] = {}
         self._arrived: asyncio.Event | None = None
+        self._auto_heads: set[Priority] = set()
+        #: Keys of the graph update_graph is handling: released now, about to run.
+        self._arriving: set[Hashable] = set()
+        #: Automatic bump requests received, and bumps of theirs that changed nothing
+        #: because nothing else was going to run (a wait for a whole computation).
+        self.auto_requests = 0
+        self.auto_noops = 0
 
     async def start(self, scheduler: Any) -> None:
         """Install the RPC handler when the plugin is added to a scheduler."""
@@ -92,16 +101,21 @@ class _SchedulerSide:
         if self.scheduler is not None:
             self.scheduler.handlers.pop(SCHEDULER_OP, None)
 
-    async def handle_prioritize(self, keys: list[Hashable]) -> dict[str, int]:
+    async def handle_prioritize(self, keys: list[Hashable], auto: bool = False) -> dict[str, int]:
         """Bump ``keys`` and what they wait on; reply with how many tasks changed.
 
         ``deferred`` counts keys still unknown after :data:`ARRIVAL_WAIT`; they
         stay marked and are bumped if their graph arrives within :data:`PENDING_TTL`.
+        An ``auto`` bump (sent by a client that does not wait for the reply) does
+        not wait for unknown keys, and changes nothing when it would raise every
+        task that is going to run anyway (see :meth:`bump`).
         """
         self._sequence += 1
+        self.auto_requests += auto
         head = bump_head(self._sequence)
         now = time.monotonic()
         self._pending = {k: v for k, v in self._pending.items() if v[1] > now}
+        self._auto_heads.intersection_update(v[0] for v in self._pending.values())
         tasks = self.scheduler.tasks
         roots = []
         unknown = []
@@ -112,7 +126,10 @@ class _SchedulerSide:
                 unknown.append(key)
             else:
                 roots.append(ts)
-        bumped = self.bump(roots, head)
+        bumped = self.bump(roots, head, only_if_useful=auto)
+        if unknown and auto:
+            self._auto_heads.add(head)
+            return {"bumped": bumped, "deferred": len(unknown)}
         if unknown:
             self._late_counts[head] = 0
             deadline = now + ARRIVAL_WAIT
@@ -131,6 +148,7 @@ class _SchedulerSide:
         """Apply remembered bumps to keys that just arrived (before they are scheduled)."""
         if not self._pending:
             return
+        self._arriving = set(kwargs.get("tasks") or ())
         groups: defaultdict[Priority, list[Any]] = defaultdict(list)
         for key in list(self._pending):
             ts = scheduler.tasks.get(key)
@@ -138,18 +156,23 @@ class _SchedulerSide:
                 groups[self._pending.pop(key)[0]].append(ts)
         # Oldest bump first, so that a later bump overrides it where they overlap.
         for head in sorted(groups, reverse=True):
-            count = self.bump(groups[head], head)
+            count = self.bump(groups[head], head, only_if_useful=head in self._auto_heads)
             if head in self._late_counts:
                 self._late_counts[head] += count
+        self._arriving = set()
         if groups and self._arrived is not None:
             self._arrived.set()
             self._arrived = None
 
-    def bump(self, roots: Iterable[Any], head: Priority) -> int:
+    def bump(self, roots: Iterable[Any], head: Priority, *, only_if_useful: bool = False) -> int:
         """Give ``roots`` and their unfinished dependencies the priority prefix ``head``.
 
         Returns the number of tasks changed. Queued tasks are re-sorted; workers
-        processing any of them are told through their stream.
+        processing any of them are told through their stream. With
+        ``only_if_useful``, nothing changes (and 0 is returned) when no task
+        outside the bumped ones is waiting, queued or processing: then the bump
+        could overtake nothing, which is the case of waiting for a whole
+        computation, and re-sorting queues for it would be wasted work.
         """
         chosen = []
         seen: set[int] = set()
@@ -163,6 +186,9 @@ class _SchedulerSide:
                 continue
             chosen.append(ts)
             stack.extend(ts.dependencies)
+        if only_if_useful and chosen and not self._others_active(chosen):
+            self.auto_noops += 1
+            return 0
         requeue = False
         by_worker: defaultdict[str, list[Hashable]] = defaultdict(list)
         for ts in chosen:
@@ -182,6 +208,17 @@ class _SchedulerSide:
                 },
             )
         return len(chosen)
+
+    def _others_active(self, chosen: list[Any]) -> bool:
+        """Whether some task not in ``chosen`` is going to run: waiting, queued, without
+        a worker, processing, or arriving in the graph being added right now."""
+        arriving = self._arriving
+        mine = sum(1 for ts in chosen if ts.state != "released" or ts.key in arriving)
+        total = sum(tg.states[state] for tg in self.scheduler.task_groups.values() for state in ACTIVE_STATES)
+        if arriving:
+            tasks = self.scheduler.tasks
+            total += sum(1 for key in arriving if (ts := tasks.get(key)) is not None and ts.state == "released")
+        return bool(total > mine)
 
 
 class _WorkerSide:
