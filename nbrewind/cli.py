@@ -317,6 +317,30 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise NbrewindError("the report draws its plots with matplotlib: pip install 'nbrewind[report]'") from None
+    from nbrewind.store.htmlreport import render_html, report_data, report_json
+
+    with _open_store(args) as store:
+        data = report_data(store)
+    if args.output:
+        output = Path(args.output)
+    elif args.target and args.target.endswith(".ipynb"):
+        output = Path(args.target).with_suffix(".report.html")
+    else:
+        output = Path("nbrewind-report.html")
+    title = f"NBRewind report: {Path(args.target).name}" if args.target else "NBRewind report"
+    output.write_text(render_html(data, title), encoding="utf-8")
+    if args.json:
+        print(_json({"output": str(output.absolute()), **report_json(data)}))
+    else:
+        print(f"wrote {output} ({output.stat().st_size:,} bytes, self-contained); open it in a browser")
+    return 0
+
+
 def cmd_prune(args: argparse.Namespace) -> int:
     from nbrewind.store.retention import prune
 
@@ -541,6 +565,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", action="store_true", help="really delete")
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
     p.set_defaults(func=cmd_gc)
+
+    p = command("report", "one self-contained HTML page: timeline, task hits, why cells ran, store contents",
+                "Write one HTML file (no network, no external assets; plots drawn with matplotlib as inline SVG): a "
+                "cell timeline per session with the time saved, Dask task hits and misses per cell, the reasons "
+                "cells ran, what the store holds, and the top causes of unchanged cells running again.")
+    p.add_argument("target", nargs="?", metavar="NOTEBOOK", help=_TARGET_HELP)
+    p.add_argument("--store", help=_STORE_HELP)
+    p.add_argument("-o", "--output", help="the HTML file (default: NOTEBOOK_STEM.report.html, else ./nbrewind-report.html)")
+    p.add_argument("--json", action="store_true", help=_JSON_HELP + " (the report's numbers)")
+    p.set_defaults(func=cmd_report)
 
     p = command("prune", "drop all but the newest kernel sessions (dry run without --yes)",
                 "Keep the newest N kernel sessions of a store and what they need (the recorded runs their replays "
