@@ -338,6 +338,10 @@ class _WorkerSide:
         from distributed.worker_state_machine import FreeKeysEvent
 
         worker = self.worker
+        for piece in pieces:
+            if piece in worker.state.tasks:
+                return {"status": "error", "message": f"cannot publish {piece!r}: the scheduler already has a key "
+                        "of that name; publish each piece under a new key (e.g. add a counter)"}
         wts = worker.state.tasks.get(key)
         run_id = getattr(wts, "run_id", None)
         nbytes: dict[Key, int] = {}

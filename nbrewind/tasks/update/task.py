@@ -262,7 +262,7 @@ def fetch(obj: Any, timeout: float | None = 300.0) -> Any:
     from distributed.utils import sync
 
     client = get_client()
-    future = Future(key, client)
+    future: Any = Future(key, client)
     try:
         reply = sync(worker.loop, getattr(worker.scheduler, STATES_OP), keys=[key], client=client.id)
         if reply["states"][0] is None:
