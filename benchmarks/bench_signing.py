@@ -32,19 +32,20 @@ def _unsigned(catalog: Any) -> None:
 
 
 def _commit(catalog: Any, i: int, entries: int, tasks: int) -> None:
+    from nbrewind.store import CellRun, TaskLogEntry
+
     digest = f"{i:032x}"
     with catalog.transaction():
-        run = catalog.add_cell_run(
+        run = catalog.add_cell_run(CellRun(
             session="bench", kernel="audit", execution_count=i, code=f"x{i} = {i}", code_digest=digest,
             decision="executed", reason="new code", status="ok", reply={"status": "ok"}, outputs=digest,
             inputs={f"v{k}": digest for k in range(5)}, reads=["a", "b"], writes=[f"x{i}"], started=time.time(),
-            duration=0.01, bytes_written=1000,
-        )
+            duration=0.01, bytes_written=1000, task_hits=0, task_misses=tasks,
+        ))
         checkpoint = catalog.add_checkpoint(run, None, {f"v{k}": (digest, {"kind": "value", "key": digest}) for k in range(entries)})
-        catalog.update_cell_run(run, checkpoint_id=checkpoint)
+        catalog.set_cell_run_checkpoint(run, checkpoint)
         if tasks:
-            catalog.log_tasks([{"fingerprint": f"{i}-{k}", "cell_run_id": run, "result_digest": digest} for k in range(tasks)])
-            catalog.update_cell_run(run, task_hits=0, task_misses=tasks)
+            catalog.log_tasks([TaskLogEntry(fingerprint=f"{i}-{k}", cell_run_id=run, result_digest=digest) for k in range(tasks)])
 
 
 def per_commit(root: Path, commits: int, entries: int, tasks: int) -> dict[str, float]:
@@ -71,7 +72,7 @@ def per_commit(root: Path, commits: int, entries: int, tasks: int) -> dict[str, 
 
 
 def open_check(root: Path, rows: int) -> dict[str, float]:
-    from nbrewind.store import Store
+    from nbrewind.store import Store, TaskLogEntry
     from nbrewind.store.origin import store_trust
 
     path = root / f"open-{rows}.nbrewind"
@@ -79,7 +80,7 @@ def open_check(root: Path, rows: int) -> dict[str, float]:
         done = 0
         while done < rows:
             batch = min(10_000, rows - done)
-            store.catalog.log_tasks([{"fingerprint": f"t{done + k}", "result_digest": f"{k:032x}"} for k in range(batch)])
+            store.catalog.log_tasks([TaskLogEntry(fingerprint=f"t{done + k}", result_digest=f"{k:032x}") for k in range(batch)])
             done += batch
     start = time.thread_time()
     verdict = store_trust(path)

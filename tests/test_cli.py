@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nbrewind.store import Store
+from nbrewind.store import CellRun, Store
 
 
 def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -23,7 +23,7 @@ def store(tmp_path: Path) -> Path:
     with Store.open(root) as opened:
         keep = opened.objects.put_blob(os.urandom(3_000_000))
         opened.objects.put(b"orphan")
-        run = opened.catalog.add_cell_run(session="s", kernel="audit", execution_count=1, code="x = 1", decision="executed", reason="r", status="ok")
+        run = opened.catalog.add_cell_run(CellRun(session="s", kernel="audit", execution_count=1, code="x = 1", decision="executed", reason="r", status="ok"))
         opened.catalog.add_checkpoint(run, None, {"x": (keep, {"kind": "value"})})
     return root
 

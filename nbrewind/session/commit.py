@@ -10,16 +10,17 @@ writer thread.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from nbrewind.checkpoint.values import StagedGroup
 from nbrewind.errors import ObjectNotFoundError
 from nbrewind.session.plan import ABSENT
 from nbrewind.session.writer import BackgroundWriter
-from nbrewind.store import Store
+from nbrewind.store import CellRun, Store, TaskLogEntry
 from nbrewind.store.objects import StagedBlob
 from nbrewind.tasks.cache import TaskCache
 
@@ -40,11 +41,11 @@ class Committer:
         self,
         store: Store,
         task_cache: TaskCache | None,
-        run: dict[str, Any],
+        run: CellRun,
         entries: dict[str, Any],
         staged: list[Any],
         nbytes: int,
-        tasks: list[Any],
+        tasks: Sequence[TaskLogEntry],
     ) -> None:
         """Queue one cell run: ``entries`` (name -> (digest, meta)) is its full checkpoint;
         ``nbytes`` is what its staged objects hold until they are written.
@@ -76,10 +77,10 @@ class Committer:
         self,
         store: Store,
         task_cache: TaskCache | None,
-        run: dict[str, Any],
+        run: CellRun,
         entries: dict[str, Any],
         staged: list[Any],
-        tasks: list[Any],
+        tasks: Sequence[TaskLogEntry],
     ) -> None:
         objects = store.objects
         lost: set[str] = set()
@@ -100,14 +101,15 @@ class Committer:
         catalog = store.catalog
         with self._lock:
             parent = self._parent
+        if tasks and task_cache is not None:
+            hits, misses = task_cache.stats(tasks)
+            run = dataclasses.replace(run, task_hits=hits, task_misses=misses)
         with catalog.transaction():
-            run_id = catalog.add_cell_run(**run)
+            run_id = catalog.add_cell_run(run)
             checkpoint_id = catalog.add_checkpoint(run_id, parent, entries)
-            catalog.update_cell_run(run_id, checkpoint_id=checkpoint_id)
+            catalog.set_cell_run_checkpoint(run_id, checkpoint_id)
             if tasks and task_cache is not None:
-                hits, misses = task_cache.stats(tasks)
-                catalog.log_tasks([{**row, "cell_run_id": run_id} for row in tasks])
-                catalog.update_cell_run(run_id, task_hits=hits, task_misses=misses)
+                catalog.log_tasks([dataclasses.replace(row, cell_run_id=run_id) for row in tasks])
         with self._lock:
             self._parent = checkpoint_id
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from nbrewind.session.plan import CellPlan, Emit, LastCell, Paths, RngLedger
 from nbrewind.session.restore import complete_pending
 from nbrewind.session.state import LiveState
 from nbrewind.session.writer import BackgroundWriter
-from nbrewind.store import Store
+from nbrewind.store import CellRun, Store, TaskLogEntry
 from nbrewind.tasks.cache import TaskCache
 from nbrewind.tasks.intercept import intercepting
 
@@ -220,10 +220,10 @@ class Session:
         except Exception as exc:
             self._warn("could not checkpoint the cell; it is not recorded", exc)
 
-    def _submit(self, run: dict[str, Any], staged: list[Any], nbytes: int, tasks: list[Any] | None = None) -> None:
+    def _submit(self, run: CellRun, staged: list[Any], nbytes: int, tasks: Sequence[TaskLogEntry] | None = None) -> None:
         """Queue the cell run's record with the checkpoint as it is now (the full name -> entry map)."""
         entries = {k: (v.digest, v.to_meta()) for k, v in self.state.entries.items()}
-        self.committer.submit(self.store, self._task_cache, run, entries, staged, nbytes, tasks or [])
+        self.committer.submit(self.store, self._task_cache, run, entries, staged, nbytes, list(tasks or ()))
 
     # -- replay ------------------------------------------------------------------------
 

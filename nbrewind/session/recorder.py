@@ -31,13 +31,14 @@ from nbrewind.session.plan import ABSENT, CellPlan, LastCell, Paths, RngLedger, 
 from nbrewind.session.pseudo import Pseudo
 from nbrewind.session.state import HIDDEN, Entry
 from nbrewind.store.digest import is_digest
+from nbrewind.store import CellRun
 
 if TYPE_CHECKING:
     from nbrewind.checkpoint.outputs import OutputCapture
     from nbrewind.checkpoint.world import WorldTracker
     from nbrewind.session.state import CheckpointResult, LiveState
     from nbrewind.store.objects import ObjectStore
-    from nbrewind.tasks.cache import TaskCache
+    from nbrewind.tasks.cache import TaskCache, TaskLogRow
 
 __all__ = ["Recorded", "Recorder"]
 
@@ -46,10 +47,10 @@ __all__ = ["Recorded", "Recorder"]
 class Recorded:
     """One executed cell's record, and what the committer writes with it."""
 
-    run: dict[str, Any]
+    run: CellRun
     staged: list[Any]
     nbytes: int
-    tasks: list[Any]
+    tasks: list[TaskLogRow]
     last: LastCell
     unserializable: set[str]
 
@@ -171,22 +172,43 @@ class Recorder:
         return Recorded(run, draft.staged, draft.written, tasks, last, draft.unserializable)
 
     def run_record(
-        self, plan: CellPlan, count: int, decision: str, reason: str, duration: float, **fields: Any
-    ) -> dict[str, Any]:
-        """The catalog fields of one cell run of this kernel (the rest come in `fields`)."""
-        return {
-            "session": self._session_id,
-            "kernel": self._mode,
-            "execution_count": count,
-            "cell_id": plan.cell_id,
-            "code": plan.code,
-            "code_digest": plan.code_digest,
-            "decision": decision,
-            "reason": reason,
-            "started": time.time() - duration,
-            "duration": duration,
-            **fields,
-        }
+        self,
+        plan: CellPlan,
+        count: int,
+        decision: str,
+        reason: str,
+        duration: float,
+        *,
+        status: str,
+        reply: dict[str, Any] | None,
+        outputs: str | None,
+        inputs: dict[str, str] | None,
+        reads: list[str] | None = None,
+        writes: list[str] | None = None,
+        deletes: list[str] | None = None,
+        bytes_written: int = 0,
+    ) -> CellRun:
+        """The catalog record of one cell run of this kernel."""
+        return CellRun(
+            session=self._session_id,
+            kernel=self._mode,
+            execution_count=count,
+            cell_id=plan.cell_id,
+            code=plan.code,
+            code_digest=plan.code_digest,
+            decision=decision,
+            reason=reason,
+            status=status,
+            reply=reply,
+            outputs=outputs,
+            inputs=inputs,
+            reads=reads,
+            writes=writes,
+            deletes=deletes,
+            started=time.time() - duration,
+            duration=duration,
+            bytes_written=bytes_written,
+        )
 
     def _checkpoint_names(self, plan: CellPlan) -> tuple[CheckpointResult, list[Any]]:
         """Re-digest and stage every name the cell could have changed; also the record of
@@ -311,7 +333,7 @@ class Recorder:
             rel = self._paths.rel(os.getcwd())
             draft.changed[pseudo.name(Pseudo.CWD)] = Entry(ABSENT, HIDDEN, rel, (), {"what": "cwd", "path": rel})
 
-    def _add_tasks(self, plan: CellPlan, draft: _Draft, task_cache: TaskCache | None) -> list[Any]:
+    def _add_tasks(self, plan: CellPlan, draft: _Draft, task_cache: TaskCache | None) -> list[TaskLogRow]:
         """The Dask tasks the cell computed or loaded (their log rows), and the files their results rest on."""
         inputs = draft.inputs
         tasks = task_cache.drain_log() if task_cache is not None else []

@@ -22,7 +22,7 @@ from nbrewind.session.state import HIDDEN, Entry
 if TYPE_CHECKING:
     from nbrewind.session.recorder import Recorder
     from nbrewind.session.restore import Restorer
-    from nbrewind.store.catalog import Catalog
+    from nbrewind.store.catalog import Catalog, CellRun
     from nbrewind.store.objects import ObjectStore
 
 __all__ = ["Replayed", "Replayer"]
@@ -33,7 +33,7 @@ class Replayed:
     """A replay that was sent: the reply for the frontend and the record to commit."""
 
     reply: dict[str, Any]
-    run: dict[str, Any]
+    run: CellRun
     last: LastCell
 
 
@@ -108,7 +108,7 @@ class Replayer:
             rng.left = {**hidden.rng_states(), **rng.left}
         record = self._recorder.run_record(
             plan, count, "replayed", plan.reason, duration,
-            status=run.status,
+            status=run.status or "ok",
             reply=run.reply,
             outputs=run.outputs,
             inputs=run.inputs,

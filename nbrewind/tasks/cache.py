@@ -26,12 +26,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from nbrewind.errors import NbrewindError
-from nbrewind.store import BLOB_CHUNK_SIZE, ObjectStore, Store
+from nbrewind.store import BLOB_CHUNK_SIZE, ObjectStore, Store, TaskLogEntry
 
 __all__ = [
     "REF_NAMESPACE",
@@ -229,21 +229,18 @@ class _Pending:
     files: Mapping[str, str] | None
 
 
-class TaskLogRow(dict[str, Any]):
-    """One drained task-log row: the catalog's task-log columns as keys (so it can be
-    passed to ``Catalog.log_tasks`` as it is), plus :attr:`file_inputs`, which is not a
-    column: the local files the task's result depends on, absolute path -> content digest.
+@dataclass(frozen=True, kw_only=True)
+class TaskLogRow(TaskLogEntry):
+    """One drained task-log entry, as the catalog logs it, plus :attr:`file_inputs`, which
+    is no column: the local files the task's result depends on, absolute path -> content
+    digest.
 
     On a miss they are the files its fingerprint covered at submission (string and path
     arguments and string constants naming local files, its dependencies' included); on
     a hit also those recorded with the stored result when it was made.
     """
 
-    file_inputs: dict[str, str]
-
-    def __init__(self, fields: Mapping[str, Any], file_inputs: Mapping[str, str] | None = None) -> None:
-        super().__init__(fields)
-        self.file_inputs = dict(file_inputs or {})
+    file_inputs: Mapping[str, str] = field(default_factory=dict, compare=False)
 
 
 class TaskCache:
@@ -337,40 +334,38 @@ class TaskCache:
             pending, self._pending = self._pending, []
         rows = []
         for p in pending:
-            row: dict[str, Any] = {"fingerprint": p.fingerprint, "key_prefix": p.key_prefix, "hit": p.hit,
-                                   "duration": None, "nbytes": None, "worker": None, "result_digest": p.entry}
+            details: dict[str, Any] = {"result_digest": p.entry}
             recorded: dict[str, str] = {}
             try:
                 entry = p.entry if p.hit else self.objects.ref_get(REF_NAMESPACE, p.fingerprint)
                 if entry is not None:
                     _, meta = read_entry(self.objects, entry)
-                    row["result_digest"] = entry
-                    row["nbytes"] = meta.get("nbytes")
+                    details = {"result_digest": entry, "nbytes": meta.get("nbytes")}
                     if not p.hit:
-                        row["duration"] = meta.get("duration")
-                        row["worker"] = meta.get("worker")
+                        details.update(duration=meta.get("duration"), worker=meta.get("worker"))
                     recorded = _recorded_files(meta)
             except (NbrewindError, OSError, ValueError):
                 pass  # the row stays, without the details
             # What the result was made from, then what the fingerprint covered now (equal
             # wherever both name a file, since the fingerprint embeds the digests).
-            rows.append(TaskLogRow(row, {**recorded, **(p.files or {})}))
+            files = {**recorded, **(p.files or {})}
+            rows.append(TaskLogRow(fingerprint=p.fingerprint, key_prefix=p.key_prefix, hit=p.hit, file_inputs=files, **details))
         return rows
 
-    def file_inputs(self, rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    def file_inputs(self, rows: Iterable[TaskLogEntry]) -> dict[str, str]:
         """The local files the tasks of ``rows`` depend on: absolute path -> content digest
         (`nbrewind.identity.files.file_digest`'s), for a cell key's ``@file:`` inputs.
 
-        Rows from :meth:`drain_log` carry them; for any other row (a dict or a catalog
-        entry with a ``result_digest``) they are read from the stored result's record.
-        When two rows disagree about a file (it changed between two submissions of one
-        cell), the last row's digest is kept.
+        Rows from :meth:`drain_log` carry them; for any other entry (one read back from
+        the catalog) they are read from the stored result's record. When two rows disagree
+        about a file (it changed between two submissions of one cell), the last row's
+        digest is kept.
         """
         out: dict[str, str] = {}
         for row in rows:
-            files = getattr(row, "file_inputs", None)
+            files = row.file_inputs if isinstance(row, TaskLogRow) else None
             if files is None:
-                digest = row.get("result_digest") if isinstance(row, Mapping) else getattr(row, "result_digest", None)
+                digest = row.result_digest
                 files = {}
                 if isinstance(digest, str):
                     try:
@@ -380,11 +375,11 @@ class TaskCache:
             out.update(files)
         return out
 
-    def stats(self, rows: Iterable[Mapping[str, Any]]) -> tuple[int, int]:
+    def stats(self, rows: Iterable[TaskLogEntry]) -> tuple[int, int]:
         """(hits, misses) among drained rows."""
         hits = misses = 0
         for row in rows:
-            if row["hit"]:
+            if row.hit:
                 hits += 1
             else:
                 misses += 1

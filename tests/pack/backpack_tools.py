@@ -12,7 +12,7 @@ from pathlib import Path
 
 import zstandard
 
-from nbrewind.store import Store, digest_bytes
+from nbrewind.store import CellRun, Store, digest_bytes
 
 CSV = b"x,y\n1,2\n3,4\n"
 
@@ -45,12 +45,12 @@ def make_project(folder: Path) -> dict[str, str]:
         objects.put(b"unreachable garbage")
         file_input = {"@file:data.csv": digest_bytes(CSV), "@file:/usr/lib/elsewhere.zip": "absent"}
         for session, value in (("s1", old_value), ("s2", new_value)):
-            run = catalog.add_cell_run(
+            run = catalog.add_cell_run(CellRun(
                 session=session, kernel="audit", code="rows = 1", code_digest=digest_bytes(b"rows = 1"),
                 decision="executed", status="ok", inputs=file_input, outputs=outputs,
-            )
+            ))
             checkpoint = catalog.add_checkpoint(run, None, {"rows": (value, {"kind": "value"})})
-            catalog.update_cell_run(run, checkpoint_id=checkpoint)
+            catalog.set_cell_run_checkpoint(run, checkpoint)
     return {"old": old_value, "new": new_value, "outputs": outputs, "output_child": output_child}
 
 

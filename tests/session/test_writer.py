@@ -1,7 +1,7 @@
 """Tests for nbrewind.session.writer: the background thread that makes checkpoints durable.
 
 Real threads and a real store in ``tmp_path``: jobs write objects and catalog
-refs (SQLite) from the writer's thread, as the session's commits do, and the
+rows (SQLite) from the writer's thread, as the session's commits do, and the
 tests read them back from another connection. Where a test must show that a
 call is still waiting, it gives the call a bounded moment (``join(timeout)``) to
 return early and then checks it did not: that can only miss a bug, never fail a
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from nbrewind.session.writer import BackgroundWriter
-from nbrewind.store import Store
+from nbrewind.store import CellRun, Store
 
 #: Seconds to wait for something that must happen (only reached when it does not).
 TIMEOUT = 30.0
@@ -75,20 +75,20 @@ def test_jobs_run_in_submission_order_on_one_background_daemon_thread(writer: Ba
 
 
 def test_store_writes_land_in_submission_order(writer: BackgroundWriter, store: Store, tmp_path: Path) -> None:
-    """Jobs writing objects and moving one catalog ref leave, after flush, the last job's ref and
-    every object, visible to another connection to the store."""
+    """Jobs writing objects and then a catalog row naming them leave, after flush, every row
+    in submission order and every object, visible to another connection to the store."""
     digests: list[str] = []
 
     def commit(i: int) -> None:
         digest = store.objects.put(f"checkpoint {i}".encode())
         digests.append(digest)
-        store.catalog.set_ref("test", "head", digest)
+        store.catalog.add_cell_run(CellRun(code=f"step {i}", outputs=digest))
 
     for i in range(30):
         writer.submit(functools.partial(commit, i))
     writer.flush()
     with Store.open(tmp_path / "store", create=False, readonly=True) as reader:
-        assert reader.catalog.get_ref("test", "head") == digests[-1]
+        assert [(r.code, r.outputs) for r in reader.catalog.cell_runs()] == [(f"step {i}", d) for i, d in enumerate(digests)]
         assert [reader.objects.get(d) for d in digests] == [f"checkpoint {i}".encode() for i in range(30)]
 
 
@@ -148,7 +148,7 @@ def test_a_failing_job_is_reported_once_and_the_next_jobs_still_run(writer: Back
     readonly = Store.open(tmp_path / "store", create=False, readonly=True)
     try:
         writer.submit(lambda: ran.append("before"))
-        writer.submit(lambda: readonly.catalog.set_ref("test", "head", digest), nbytes=10)
+        writer.submit(lambda: readonly.catalog.add_cell_run(CellRun(code="x", outputs=digest)), nbytes=10)
         writer.submit(disk_full)
         writer.submit(lambda: ran.append("after"))
         writer.flush()
@@ -411,10 +411,10 @@ def test_staged_chunks_are_counted_until_the_committer_has_written_them(tmp_path
         started, release = threading.Event(), threading.Event()
         writer.submit(blocked_job(started, release, [], "earlier cell"))
         assert started.wait(TIMEOUT)
-        run = {
-            "session": "s", "kernel": "audit", "execution_count": 1, "cell_id": None, "code": "v = ...",
-            "code_digest": "0" * 32, "decision": "executed", "reason": "test", "started": 0.0, "duration": 0.0,
-        }
+        run = CellRun(
+            session="s", kernel="audit", execution_count=1, code="v = ...", code_digest="0" * 32,
+            decision="executed", reason="test", started=0.0, duration=0.0,
+        )
         committer.submit(store, None, run, {"v": (staged.digest, {})}, [staged], staged.new_bytes, [])
         value[:] = 0.0  # the next cell, while the commit waits its turn
         assert writer.pending()[1] == staged.new_bytes

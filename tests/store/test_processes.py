@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nbrewind.store import Store, gc, verify_store
+from nbrewind.store import CellRun, Store, gc, verify_store
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,7 +86,7 @@ TWIN = """
     import sys, time
     from pathlib import Path
     import numpy as np
-    from nbrewind.store import Store
+    from nbrewind.store import CellRun, Store, TaskLogEntry
 
     root, tag, go = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     while not go.exists():
@@ -98,10 +98,10 @@ TWIN = """
             own = store.objects.put(f"{tag} {i} ".encode() * 500)
             blob = store.objects.put_blob(rng.bytes(2 * 1024 * 1024 + 1000 * i))
             with store.catalog.transaction():
-                run = store.catalog.add_cell_run(session=tag, code=f"step {i}", outputs=own)
+                run = store.catalog.add_cell_run(CellRun(session=tag, code=f"step {i}", outputs=own))
                 cp = store.catalog.add_checkpoint(run, None, {"shared": (shared, {}), "blob": (blob, {})})
-                store.catalog.update_cell_run(run, checkpoint_id=cp)
-                store.catalog.log_tasks([{"fingerprint": f"{tag}-{i}", "result_digest": own}])
+                store.catalog.set_cell_run_checkpoint(run, cp)
+                store.catalog.log_tasks([TaskLogEntry(fingerprint=f"{tag}-{i}", result_digest=own)])
             store.objects.ref_set("tasks", f"{tag}-{i}", own)
     print("done", flush=True)
 """
@@ -161,7 +161,7 @@ def test_real_read_only_mount(tmp_path: Path) -> None:
     mount_point.mkdir()
     with Store.open(source) as store:
         digest = store.objects.put(b"on a read-only mount")
-        store.catalog.add_cell_run(code="x")
+        store.catalog.add_cell_run(CellRun(code="x"))
     before = sorted(p.name for p in source.rglob("*"))
     # The mount lives in a private mount namespace and vanishes with the process.
     script = (

@@ -16,7 +16,7 @@ import pytest
 
 from nbrewind.errors import UntrustedStoreError
 from nbrewind.pack import trust
-from nbrewind.store import Catalog, Store, digest_bytes
+from nbrewind.store import Catalog, CellRun, Store, TaskLogEntry, digest_bytes
 from nbrewind.store.origin import check_store_origin, is_trusted, store_trust
 from nbrewind.store.signing import catalog_head, secret_path, signature_db, user_keys
 
@@ -26,16 +26,20 @@ def _record(store: Store, session: str = "s", n: int = 3) -> None:
     for i in range(n):
         value = objects.put(f"value {session} {i}".encode())
         with catalog.transaction():
-            run = catalog.add_cell_run(
+            run = catalog.add_cell_run(CellRun(
                 session=session, kernel="audit", code=f"x = {i}  # é ☃ \U0001F600", code_digest=digest_bytes(b"%d" % i),
                 started=3, duration=0.5, reply={"status": "ok", "n": i}, inputs={"@file:a.csv": value},
-            )
+            ))
             checkpoint = catalog.add_checkpoint(run, None, {"x": (value, {"kind": "value"}), "y": (value, None)})
-            catalog.update_cell_run(run, checkpoint_id=checkpoint, duration=1.25, status="ok")
-            catalog.log_tasks([{"fingerprint": f"{session}-{i}", "hit": True, "duration": 2, "result_digest": value}])
-        catalog.set_ref("names", f"{session}{i}", value)
-        catalog.set_ref("names", f"{session}{i}", value[::-1])  # REPLACE deletes the old row
-        catalog.delete_ref("names", "absent")
+            catalog.set_cell_run_checkpoint(run, checkpoint)
+            catalog.log_tasks([TaskLogEntry(fingerprint=f"{session}-{i}", hit=True, duration=2, result_digest=value)])
+        with catalog.transaction():  # rows of the refs table, as catalogs from before refs were files have
+            for digest in (value, value[::-1]):  # REPLACE deletes the old row
+                catalog._conn.execute(
+                    "INSERT OR REPLACE INTO refs (namespace, name, digest, updated) VALUES ('names', ?, ?, 0)",
+                    (f"{session}{i}", digest),
+                )
+            catalog._conn.execute("DELETE FROM refs WHERE name = 'absent'")
         objects.ref_set("tasks", f"{session}{i}", value)
 
 
@@ -87,7 +91,7 @@ def test_any_write_through_the_catalog_keeps_it_signed(tmp_path: Path, sql: str)
         with catalog.transaction():
             catalog._conn.execute(sql)
         assert _signed(root)
-        catalog.log_tasks([{"fingerprint": "after", "cell_run_id": 1}])  # and the next commit builds on it
+        catalog.log_tasks([TaskLogEntry(fingerprint="after", cell_run_id=1)])  # and the next commit builds on it
         assert _signed(root)
 
 
@@ -117,7 +121,7 @@ def test_an_edited_row_is_untrusted(tmp_path: Path) -> None:
         check_store_origin(root)
     # Writing on top does not launder the edit: it is never signed.
     with Store.open(root) as store:
-        store.catalog.add_cell_run(session="later", code="y = 1")
+        store.catalog.add_cell_run(CellRun(session="later", code="y = 1"))
     assert not _signed(root)
 
 
@@ -135,7 +139,7 @@ def test_an_edited_row_is_untrusted(tmp_path: Path) -> None:
 def test_any_other_edit_is_untrusted(tmp_path: Path, edit: str) -> None:
     root = tmp_path / "s.nbrewind"
     with Store.open(root) as store:
-        store.catalog.add_cell_run(session="s", code="x = 1", execution_count=1)
+        store.catalog.add_cell_run(CellRun(session="s", code="x = 1", execution_count=1))
         _record(store, n=1)
     with sqlite3.connect(root / "catalog.sqlite") as conn:
         conn.execute(edit)
@@ -178,7 +182,7 @@ def test_copies_are_trusted_by_content(tmp_path: Path, monkeypatch: pytest.Monke
     assert not _signed(mine)  # and Bob does not trust my store either
     with Store.open(tmp_path / "bobs-copy.nbrewind") as store:
         assert store.objects.ref_get("tasks", "alice0") is None  # Alice's refs are misses for Bob
-        store.catalog.add_cell_run(session="bob", code="x = 1")  # writing does not make it Bob's
+        store.catalog.add_cell_run(CellRun(session="bob", code="x = 1"))  # writing does not make it Bob's
     assert not _signed(tmp_path / "bobs-copy.nbrewind")
 
     result = trust(tmp_path / "bobs-copy.nbrewind")  # until Bob says so
@@ -216,7 +220,7 @@ def test_signatures_are_culled_per_store(tmp_path: Path) -> None:
     root = tmp_path / "s.nbrewind"
     with Store.open(root) as store:
         for i in range(30):
-            store.catalog.add_cell_run(session="s", code=f"x = {i}")
+            store.catalog.add_cell_run(CellRun(session="s", code=f"x = {i}"))
     with sqlite3.connect(signature_db().path) as conn:
         kept = conn.execute("SELECT COUNT(*) FROM signatures WHERE store = ?", (str(root),)).fetchone()[0]
     assert kept == 8 and _signed(root)
@@ -224,7 +228,7 @@ def test_signatures_are_culled_per_store(tmp_path: Path) -> None:
 
 KILL_BETWEEN_SIGN_AND_COMMIT = """
     import os, signal, sys
-    from nbrewind.store import Store
+    from nbrewind.store import CellRun, Store
     from nbrewind.store.signing import CatalogSigner
 
     signed = CatalogSigner.before_commit
@@ -236,9 +240,9 @@ KILL_BETWEEN_SIGN_AND_COMMIT = """
 
     CatalogSigner.before_commit = sign_then_die
     with Store.open(sys.argv[1]) as store:
-        store.catalog.add_cell_run(session="s", code="first")
+        store.catalog.add_cell_run(CellRun(session="s", code="first"))
         os.environ["DIE"] = "1"
-        store.catalog.add_cell_run(session="s", code="second")
+        store.catalog.add_cell_run(CellRun(session="s", code="second"))
 """
 
 
@@ -250,19 +254,18 @@ def test_a_kill_between_signing_and_commit_stays_trusted(tmp_path: Path) -> None
         assert [r.code for r in catalog.cell_runs()] == ["first"]  # the second never committed
     assert _signed(root)
     with Store.open(root) as store:
-        store.catalog.add_cell_run(session="s", code="third")
+        store.catalog.add_cell_run(CellRun(session="s", code="third"))
     assert _signed(root)
 
 
 TWIN = """
     import sys
-    from nbrewind.store import Store
+    from nbrewind.store import CellRun, Store, TaskLogEntry
     with Store.open(sys.argv[1]) as store:
         for i in range(25):
             with store.catalog.transaction():
-                run = store.catalog.add_cell_run(session=sys.argv[2], code=f"step {i}")
-                store.catalog.update_cell_run(run, status="ok")
-                store.catalog.log_tasks([{"fingerprint": f"{sys.argv[2]}-{i}"}])
+                store.catalog.add_cell_run(CellRun(session=sys.argv[2], code=f"step {i}", status="ok"))
+                store.catalog.log_tasks([TaskLogEntry(fingerprint=f"{sys.argv[2]}-{i}")])
 """
 
 

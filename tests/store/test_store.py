@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from nbrewind.errors import NotAStoreError, ReadOnlyStoreError, SchemaTooNewError
-from nbrewind.store import BLOB_CHUNK_SIZE, Store, du, gc, resolve_store_path, verify_store
+from nbrewind.store import BLOB_CHUNK_SIZE, CellRun, Store, TaskLogEntry, du, gc, resolve_store_path, verify_store
 
 
 def test_create_then_reopen(tmp_path: Path) -> None:
     root = tmp_path / "deep" / "store"
     with Store.open(root) as store:
         digest = store.objects.put(b"persisted")
-        run = store.catalog.add_cell_run(code="x", outputs=digest)
+        run = store.catalog.add_cell_run(CellRun(code="x", outputs=digest))
     marker = json.loads((root / "nbrewind-store.json").read_text())
     assert marker == {"format": "nbrewind-store", "version": 1}
     assert (root / "catalog.sqlite").is_file() and (root / "objects").is_dir()
@@ -70,7 +70,7 @@ def test_readonly_open(tmp_path: Path) -> None:
         with pytest.raises(ReadOnlyStoreError):
             reader.objects.put(b"w")
         with pytest.raises(ReadOnlyStoreError):
-            reader.catalog.add_cell_run(code="")
+            reader.catalog.add_cell_run(CellRun(code=""))
         with pytest.raises(ReadOnlyStoreError):
             gc(reader, dry_run=False)
 
@@ -98,10 +98,10 @@ def _populate(store: Store) -> dict[str, str]:
     result = objects.put(b"task result")
     worker_result = objects.put(b"written by a worker")
     orphan = objects.put(b"nobody points here")
-    run = store.catalog.add_cell_run(code="a = ...", outputs=out)
+    run = store.catalog.add_cell_run(CellRun(code="a = ...", outputs=out))
     first = store.catalog.add_checkpoint(run, None, {"a": (blob, {})})
     store.catalog.add_checkpoint(run, first, {"a": (blob, {})})
-    store.catalog.log_tasks([{"fingerprint": "f", "result_digest": result}])
+    store.catalog.log_tasks([TaskLogEntry(fingerprint="f", result_digest=result)])
     objects.ref_set("tasks", "ffee", worker_result)
     return {"blob": blob, "out": out, "result": result, "worker": worker_result, "orphan": orphan}
 

@@ -17,7 +17,7 @@ import zstandard
 
 from nbrewind.checkpoint.values import StagedGroup, load_json, stage_group, stage_json
 from nbrewind.errors import CorruptObjectError, PackError
-from nbrewind.store import BLOB_CHUNK_SIZE, Store, du, gc, records, verify_store, walk
+from nbrewind.store import BLOB_CHUNK_SIZE, CellRun, Store, du, gc, records, verify_store, walk
 from nbrewind.store import frame
 from nbrewind.store.walk import MISSING
 
@@ -66,13 +66,13 @@ def _notebook_state(store: Store, *, old_form: bool = False) -> dict[str, str]:
     doc = {"type": "_thread.lock", "reason": "cannot pickle", "code": "lock = threading.Lock()", "parent_entries": state.digest}
     record = stage_json(objects, doc, () if old_form else [state.digest])
     objects.commit(record)
-    first = catalog.add_cell_run(code="base = ...", code_digest="c1", execution_count=1, status="ok")
+    first = catalog.add_cell_run(CellRun(code="base = ...", code_digest="c1", execution_count=1, status="ok"))
     cp1 = catalog.add_checkpoint(first, None, before)
-    catalog.update_cell_run(first, checkpoint_id=cp1)
-    second = catalog.add_cell_run(code="lock = threading.Lock()", code_digest="c2", execution_count=2, status="ok")
+    catalog.set_cell_run_checkpoint(first, cp1)
+    second = catalog.add_cell_run(CellRun(code="lock = threading.Lock()", code_digest="c2", execution_count=2, status="ok"))
     lock_meta = {"kind": "unserializable", "key": "k3", "group": ["lock"], "type": "_thread.lock"}
     cp2 = catalog.add_checkpoint(second, cp1, {**before, "lock": (record.digest, lock_meta)})
-    catalog.update_cell_run(second, checkpoint_id=cp2)
+    catalog.set_cell_run_checkpoint(second, cp2)
     return {"base": base.digest, "arr": arr.digest, "state": state.digest, "record": record.digest}
 
 

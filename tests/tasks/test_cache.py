@@ -119,8 +119,8 @@ def test_delayed_edits_rerun_exactly_the_changed_tasks(cache: TaskCache, calls: 
     assert chain(base, n).compute(scheduler="threads") == expected_total(n)
     assert calls.take() == {"load": n, "work": n, "total": 1}
     first = cache.drain_log()
-    assert len(first) == 2 * n + 1 and not any(r["hit"] for r in first)
-    assert all(r["result_digest"] and r["nbytes"] and r["worker"] for r in first)
+    assert len(first) == 2 * n + 1 and not any(r.hit for r in first)
+    assert all(r.result_digest and r.nbytes and r.worker for r in first)
 
     edited = notebook(calls.folder, edit)
     value = chain(edited, n).compute(scheduler="threads")
@@ -130,12 +130,12 @@ def test_delayed_edits_rerun_exactly_the_changed_tasks(cache: TaskCache, calls: 
     if edit is None:
         assert calls.take() == {}
         rows = cache.drain_log()
-        assert [(r["key_prefix"], r["hit"]) for r in rows] == [("total", True)]  # the rest was culled
+        assert [(r.key_prefix, r.hit) for r in rows] == [("total", True)]  # the rest was culled
     else:
         assert calls.take() == {"work": n, "total": 1}
         rows = cache.drain_log()
         assert cache.stats(rows) == (n, n + 1)  # n loads hit, n works + total ran
-        assert {r["key_prefix"] for r in rows if r["hit"]} == {"load"}
+        assert {r.key_prefix for r in rows if r.hit} == {"load"}
 
 
 def test_map_over_100_plus_10_new_inputs(cache: TaskCache, calls: Calls) -> None:
@@ -190,7 +190,7 @@ def test_dataframe_one_changed_csv_reruns_one_partition(cache: TaskCache, calls:
     assert csv_total(ns, tmp_path / "data", "threads") == 2 * (sum(range(40)) - sum(range(20, 30)) + 2001)
     assert calls.take() == {"part": 1}
     rows = cache.drain_log()
-    ran = Counter(r["key_prefix"] for r in rows if not r["hit"])
+    ran = Counter(r.key_prefix for r in rows if not r.hit)
     assert ran["read-csv"] == 1 and ran["part"] == 1
     assert ran["sum-tree"] == 1  # the reduction
 
@@ -219,7 +219,7 @@ def test_bag_on_the_process_scheduler(cache: TaskCache, calls: Calls) -> None:
 
     assert run(notebook(calls.folder), 20) == expected_total(20)
     assert calls.take() == {"work": 20}
-    workers = {r["worker"] for r in cache.drain_log() if not r["hit"]}
+    workers = {r.worker for r in cache.drain_log() if not r.hit}
     assert f"{os.uname().nodename}:{os.getpid()}" not in workers  # stored by the worker processes
     assert run(notebook(calls.folder), 20) == expected_total(20)
     assert calls.take() == {}
@@ -264,14 +264,14 @@ def test_unpicklable_result_runs_and_is_not_cached(cache: TaskCache, calls: Call
         assert hasattr(lock, "acquire")
     assert calls.take() == {"lock": 2}
     rows = cache.drain_log()
-    assert [r["hit"] for r in rows] == [False, False] and rows[0]["result_digest"] is None
+    assert [r.hit for r in rows] == [False, False] and rows[0].result_digest is None
 
 
 def test_corrupt_result_is_recomputed(cache: TaskCache, calls: Calls) -> None:
     ns = notebook(calls.folder)
     assert chain(ns, 2).compute() == expected_total(2)
     calls.take()
-    fingerprint = next(r["fingerprint"] for r in cache.drain_log() if r["key_prefix"] == "total")
+    fingerprint = next(r.fingerprint for r in cache.drain_log() if r.key_prefix == "total")
     entry = cache.objects.ref_get(REF_NAMESPACE, fingerprint)
     assert entry is not None
     payload = cache.objects.get_tree(entry)[0][0]
@@ -308,7 +308,7 @@ def test_results_round_trip_large_buffers(cache: TaskCache) -> None:
     pd.testing.assert_frame_equal(first, frame)
     pd.testing.assert_frame_equal(again, frame)
     rows = cache.drain_log()
-    assert [r["hit"] for r in rows] == [False, True] and rows[0]["nbytes"] >= big.nbytes
+    assert [r.hit for r in rows] == [False, True] and rows[0].nbytes >= big.nbytes
 
 
 # -- the patches -----------------------------------------------------------------------------------

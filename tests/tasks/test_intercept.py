@@ -95,12 +95,12 @@ def test_every_client_path_is_intercepted(cache: TaskCache, calls: Calls, client
     first = run(client, notebook(calls.folder))
     assert sum(calls.take().values()) > 0
     rows = cache.drain_log()
-    assert rows and not any(r["hit"] for r in rows)
-    assert all(r["worker"] in client.scheduler_info()["workers"] for r in rows)  # stored where they ran
+    assert rows and not any(r.hit for r in rows)
+    assert all(r.worker in client.scheduler_info()["workers"] for r in rows)  # stored where they ran
     assert run(client, notebook(calls.folder)) == first
     assert calls.take() == {}
     rows = cache.drain_log()
-    assert rows and all(r["hit"] for r in rows)
+    assert rows and all(r.hit for r in rows)
 
 
 @pytest.mark.parametrize("edit", [None, "body", "helper", "constant"])
@@ -142,7 +142,7 @@ def test_dataframe_csv_change_on_the_cluster(cache: TaskCache, calls: Calls, cli
     cache.drain_log()
     assert csv_total(ns, tmp_path / "data") == 2 * (sum(range(10)) + sum(range(20, 30)) + 7)
     assert calls.take() == {"part": 1}
-    ran = Counter(r["key_prefix"] for r in cache.drain_log() if not r["hit"])
+    ran = Counter(r.key_prefix for r in cache.drain_log() if not r.hit)
     assert ran["read-csv"] == 1 and ran["sum-tree"] == 1
 
 

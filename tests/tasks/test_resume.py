@@ -243,7 +243,7 @@ def test_a_rerun_resumes_from_the_last_checkpoint(
     assert done[CRASH_AT:] == list(range(20, N))  # resumed at the checkpoint of step 20
     assert refs(cache.root, CHECKPOINT_NAMESPACE) == []
     rows = cache.drain_log()
-    assert [r["hit"] for r in rows] == [False, False] and rows[-1]["nbytes"]
+    assert [r.hit for r in rows] == [False, False] and rows[-1].nbytes
 
 
 # -- a real cluster: a Nanny worker dies mid-task -------------------------------------------------------

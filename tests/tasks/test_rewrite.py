@@ -102,9 +102,9 @@ def test_first_rewrite_wraps_every_task_and_running_it_fills_the_cache(cache: Ta
     assert run(done, ["total"]) == [expected([0, 1, 2])]
     assert calls.take() == {"load": 3, "work": 3, "total": 1}
     rows = cache.drain_log()
-    assert len(rows) == 7 and not any(r["hit"] for r in rows)
-    assert all(r["result_digest"] and cache.lookup(r["fingerprint"]) == r["result_digest"] for r in rows)
-    assert sorted(r["key_prefix"] for r in rows) == ["load"] * 3 + ["total"] + ["work"] * 3
+    assert len(rows) == 7 and not any(r.hit for r in rows)
+    assert all(r.result_digest and cache.lookup(r.fingerprint) == r.result_digest for r in rows)
+    assert sorted(r.key_prefix for r in rows) == ["load"] * 3 + ["total"] + ["work"] * 3
 
 
 def test_a_cached_output_becomes_one_load_and_its_upstream_is_culled(cache: TaskCache, calls: Calls) -> None:
@@ -120,7 +120,7 @@ def test_a_cached_output_becomes_one_load_and_its_upstream_is_culled(cache: Task
     assert not done.dsk["total"].dependencies  # a load needs nothing from the graph
     assert run(done, ["total"]) == [expected([0, 1, 2])]
     assert calls.take() == {}
-    assert [(r["key_prefix"], r["hit"]) for r in cache.drain_log()] == [("total", True)]
+    assert [(r.key_prefix, r.hit) for r in cache.drain_log()] == [("total", True)]
 
 
 def test_one_changed_input_reruns_its_chain_and_loads_the_rest(cache: TaskCache, calls: Calls) -> None:
@@ -135,7 +135,7 @@ def test_one_changed_input_reruns_its_chain_and_loads_the_rest(cache: TaskCache,
     assert set(done.dsk) == {"total", ("work", 0), ("work", 1), ("load", 1), ("work", 2)}
     assert run(done, ["total"]) == [expected([0, 10, 2])]
     assert calls.take() == {"load": 1, "work": 1, "total": 1}
-    hits = {r["key_prefix"] for r in cache.drain_log() if r["hit"]}
+    hits = {r.key_prefix for r in cache.drain_log() if r.hit}
     assert hits == {"work"}
 
 

@@ -7,6 +7,7 @@ named file into a counts folder (a directory, which fingerprints by name only).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import textwrap
 import warnings
@@ -24,7 +25,7 @@ from dask._task_spec import DataNode, List, Task, TaskRef  # noqa: E402
 
 from nbrewind.identity.code import code_digest, code_info  # noqa: E402
 from nbrewind.identity.files import file_digest  # noqa: E402
-from nbrewind.store import Store  # noqa: E402
+from nbrewind.store import Store, TaskLogEntry  # noqa: E402
 from nbrewind.tasks.cache import TaskCache  # noqa: E402
 from nbrewind.tasks.fingerprint import Fingerprinter  # noqa: E402
 from nbrewind.tasks.intercept import intercepting  # noqa: E402
@@ -144,7 +145,7 @@ def test_a_task_drawing_from_the_global_rng_is_never_cached(
     assert run(2) != first
     assert calls.take() == ran
     rows = cache.drain_log()
-    assert not any(r["key_prefix"] in (name, "total") for r in rows)  # uncached: never rewritten
+    assert not any(r.key_prefix in (name, "total") for r in rows)  # uncached: never rewritten
 
 
 def test_global_rng_references_are_found_by_value_and_by_dotted_name(ns: dict[str, Any]) -> None:
@@ -315,7 +316,7 @@ def test_rows_carry_the_file_inputs_on_a_miss_and_on_a_hit(
     assert calls.take() == {"read": 1, "length": 1}
     rows = cache.drain_log()
     first_digest = file_digest(data)
-    assert {r["key_prefix"]: r.file_inputs for r in rows} == {
+    assert {r.key_prefix: r.file_inputs for r in rows} == {
         "read": {str(data): first_digest},
         "length": {str(data): first_digest},  # through its dependency
     }
@@ -324,7 +325,7 @@ def test_rows_carry_the_file_inputs_on_a_miss_and_on_a_hit(
     assert run() == 5
     assert calls.take() == {}
     rows = cache.drain_log()
-    assert [(r["key_prefix"], r["hit"]) for r in rows] == [("length", True)]  # read was culled
+    assert [(r.key_prefix, r.hit) for r in rows] == [("length", True)]  # read was culled
     assert cache.file_inputs(rows) == {str(data): first_digest}
 
     data.write_text("second!")
@@ -342,18 +343,19 @@ def test_a_hit_reports_the_files_recorded_with_the_result(
     task = dask.delayed(ns["read"])(str(data))
     threaded(task)
     miss = cache.drain_log()
-    assert miss[0]["result_digest"] is not None
+    assert miss[0].result_digest is not None
 
     # A new client-side cache (a repeat kernel): the hit's files come from the stored entry too.
     other = TaskCache(cache.root)
     with intercepting(other):
         threaded(task)
     hit = other.drain_log()
-    assert [r["hit"] for r in hit] == [True]
+    assert [r.hit for r in hit] == [True]
     assert hit[0].file_inputs == {str(data): file_digest(data)}
     # Plain rows (as the catalog returns them) are resolved through the stored entry.
-    assert other.file_inputs([dict(hit[0])]) == {str(data): file_digest(data)}
-    assert other.file_inputs([{**dict(hit[0]), "result_digest": None}]) == {}
+    plain = TaskLogEntry(fingerprint=hit[0].fingerprint, result_digest=hit[0].result_digest)
+    assert other.file_inputs([plain]) == {str(data): file_digest(data)}
+    assert other.file_inputs([dataclasses.replace(plain, result_digest=None)]) == {}
 
 
 def test_drained_rows_are_accepted_by_the_catalog(cache: TaskCache, ns: dict[str, Any], tmp_path: Path) -> None:
@@ -363,6 +365,8 @@ def test_drained_rows_are_accepted_by_the_catalog(cache: TaskCache, ns: dict[str
     rows = cache.drain_log()
     with Store.open(tmp_path / "other.nbrewind", create=True) as store:
         assert store.catalog.log_tasks(rows) == 1  # file_inputs is no column
+        logged = store.catalog.task_log()
+    assert [(e.fingerprint, e.hit, e.result_digest) for e in logged] == [(r.fingerprint, r.hit, r.result_digest) for r in rows]
 
 
 # -- 4. one notion of a function's code -----------------------------------------------------------
