@@ -28,7 +28,10 @@ def execute(kc: Any, code: str) -> tuple[dict[str, Any], str, list[dict[str, Any
             errors.append(msg["content"])
         elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             break
-    return kc.get_shell_msg(timeout=60)["content"], text, errors
+    while True:  # wait_for_ready may have left extra kernel_info replies queued
+        reply = kc.get_shell_msg(timeout=60)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply["content"], text, errors
 
 
 def test_why_n_errors_log_tasks_and_priority(tmp_path: Path) -> None:
@@ -54,7 +57,7 @@ def test_why_n_errors_log_tasks_and_priority(tmp_path: Path) -> None:
         assert text.startswith("In [2]: executed: ")
 
         reply, text, errors = execute(kc, "%nbrewind bogus")
-        assert reply["status"] == "error" and reply["ename"] == "UsageError"
+        assert reply["status"] == "error" and reply["ename"] == "UsageError", (reply, text, errors)
         assert "unknown subcommand 'bogus'" in reply["evalue"]
         reply, _, _ = execute(kc, "%nbrewind why 99")
         assert reply["status"] == "error" and "no cell In [99] was recorded in this kernel" in reply["evalue"]
