@@ -1,141 +1,255 @@
-"""Benchmark: how soon a requested task finishes, with and without a priority bump.
+"""Automatic priority bumps, side by side on real `python3` and `nbrewind-audit` kernels.
 
-One worker with one thread, ``--tasks`` tasks of ``--duration`` seconds submitted
-at once, then the task at ``--target`` is requested. Without a bump it waits for
-the tasks ahead of it; with ``prioritize`` it should finish within about three
-task durations. Both scheduler modes are measured: the default queueing
-(``worker-saturation`` 1.1, tasks wait on the scheduler) and ``inf`` (every task
-is sent to the worker at once, so the bump must reach the worker).
+Run: `python -m benchmarks.bench_priority [--runs N] [--json OUT] [--kernels python3,nbrewind-audit]`.
 
-Run: ``python -m benchmarks.bench_priority [--repeat 5] [--processes]``
+Each kernel gets a `LocalCluster` of one worker with one thread (threads, in the
+kernel's process) made by the notebook's own cells; every figure is measured
+inside the kernel with `time.perf_counter` around the one statement a user waits
+on, and every run uses fresh task arguments, so the audit kernel's task cache
+never serves a result (it stores them, as on a first run).
+
+The two rows of issue 19:
+
+- `result`: `futs[150].result()` right after `client.map` of 200 tasks of 20 ms;
+- `slice`: `x[150].sum().compute()` on a persisted 200-block array of 20 ms blocks.
+
+The gather policy, measured with automatic bumps on and then off
+(`nbrewind.auto-priority`) in one kernel: the `python3` one, where the notebook
+turns them on with `enable_auto_priority(client)`, so that the audit kernel's task
+cache (which stores every result it computes) does not blur what the bumps cost
+(`--policy-kernel` picks another):
+
+- `gather-10`: `client.gather(futs[150:160])` after the same map: what a bump on
+  gather buys;
+- `all-after-gather`: the time until all 200 are done when the notebook first
+  gathers those 10: what a bump on gather could cost the rest of the work;
+- `whole-compute`: `x.sum().compute()` on a persisted 200-block array of 20 ms
+  blocks: a wait for everything, which must be a no-op;
+- `whole-compute-tiny`: the same with 2,000 blocks of no work, where a
+  per-compute cost would show;
+- `gather-done-2000`: `client.gather` of 2,000 finished futures.
+
+Medians over runs are reported; `÷D` is the median over the task duration.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import queue
 import statistics
+import tempfile
+import textwrap
 import time
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+DURATION = 0.02
+TASKS = 200
+TARGET = 150
+REPLY_TIMEOUT = 600.0
 
-@dataclass(frozen=True)
-class Measurement:
-    """One configuration's timings, in seconds."""
+SETUP = f"""
+import json, time, uuid
+import numpy as np
+import dask, dask.array as da
+from distributed import Client, LocalCluster, wait
+cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=':0')
+client = Client(cluster)
 
-    saturation: float
-    bumped: bool
-    request_latency: list[float]
-    time_to_result: list[float]
-    first_result: list[float]
-
-
-def _sleep_task(i: int, duration: float) -> int:
-    time.sleep(duration)
+def slow(i, salt):
+    time.sleep({DURATION})
     return i
 
+def slow_block(block, salt):
+    time.sleep({DURATION})
+    return block + 1
 
-def run_once(
-    saturation: float, bumped: bool, *, tasks: int, target: int, duration: float, processes: bool
-) -> tuple[float, float, float]:
-    """Return seconds spent in ``prioritize``, until the target's result, until task #0's.
+def quick_block(block, salt):
+    return block + 1
 
-    Task #0 is only awaited (first) when not bumping: its latency minus one task
-    duration is the fixed cost of getting the graph to the worker and back.
-    """
-    import dask
-    from distributed import Client, LocalCluster
-
-    from nbrewind.tasks.priority import install, prioritize
-
-    with dask.config.set({"distributed.scheduler.worker-saturation": saturation}):
-        with (
-            LocalCluster(
-                n_workers=1, threads_per_worker=1, processes=processes, dashboard_address=":0"
-            ) as cluster,
-            Client(cluster) as client,
-        ):
-            install(client)
-            futures = client.map(_sleep_task, range(tasks), duration=duration)
-            client.wait_for_workers(1)
-            start = time.perf_counter()
-            if bumped:
-                prioritize(futures[target])
-            requested = time.perf_counter()
-            first = float("nan")
-            if not bumped:
-                futures[0].result()
-                first = time.perf_counter() - start
-            futures[target].result()
-            done = time.perf_counter()
-            client.cancel(futures)
-            _wait_idle(client)
-    return requested - start, done - start, first
-
-
-def _worker_task_count(dask_worker: Any) -> int:
-    return len(dask_worker.state.tasks)
-
-
-def _wait_idle(client: Any) -> None:
-    """Let the cancelled task still running on the worker end before the cluster closes.
-
-    Closing a worker mid-task cancels it and distributed logs a warning.
-    """
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(client.run(_worker_task_count).values()):
+def settle():
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(w.state.tasks for w in cluster.workers.values()):
         time.sleep(0.01)
 
+def timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
-def measure(repeat: int, tasks: int, target: int, duration: float, processes: bool) -> list[Measurement]:
-    """Measure every (saturation, bumped) combination; unbumped runs once (it is slow and steady)."""
-    results = []
-    for saturation in (1.1, float("inf")):
-        for bumped in (False, True):
-            latencies, totals, firsts = [], [], []
-            for _ in range(repeat if bumped else 1):
-                latency, total, first = run_once(
-                    saturation, bumped, tasks=tasks, target=target, duration=duration, processes=processes
-                )
-                latencies.append(latency)
-                totals.append(total)
-                firsts.append(first)
-            results.append(Measurement(saturation, bumped, latencies, totals, firsts))
-    return results
+def fresh():
+    return uuid.uuid4().hex
+"""
+
+#: name -> cell code that prints one JSON number (seconds); it cleans up after itself.
+SCENARIOS = {
+    "result": f"""
+        futs = client.map(slow, range({TASKS}), salt=fresh())
+        seconds = timed(lambda: futs[{TARGET}].result())
+        client.cancel(futs); del futs; settle()
+    """,
+    "slice": f"""
+        x = da.zeros(({TASKS}, 1000), chunks=(1, 1000)).map_blocks(slow_block, fresh()).persist()
+        seconds = timed(lambda: x[{TARGET}].sum().compute())
+        client.cancel(x); del x; settle()
+    """,
+    "gather-10": f"""
+        futs = client.map(slow, range({TASKS}), salt=fresh())
+        seconds = timed(lambda: client.gather(futs[150:160]))
+        client.cancel(futs); del futs; settle()
+    """,
+    "all-after-gather": f"""
+        futs = client.map(slow, range({TASKS}), salt=fresh())
+        def gather_then_all():
+            client.gather(futs[150:160])
+            wait(futs)
+        seconds = timed(gather_then_all)
+        del futs; settle()
+    """,
+    "whole-compute": f"""
+        x = da.zeros(({TASKS}, 1000), chunks=(1, 1000)).map_blocks(slow_block, fresh()).persist()
+        seconds = timed(lambda: x.sum().compute())
+        del x; settle()
+    """,
+    "whole-compute-tiny": """
+        x = da.zeros((2000, 100), chunks=(1, 100)).map_blocks(quick_block, fresh()).persist()
+        seconds = timed(lambda: x.sum().compute())
+        del x; settle()
+    """,
+    "gather-done-2000": """
+        futs = client.map(quick_block, range(2000), salt=fresh())
+        wait(futs)
+        seconds = timed(lambda: client.gather(futs))
+        del futs; settle()
+    """,
+}
+
+SIDE_BY_SIDE = ("result", "slice")
+POLICY = ("gather-10", "all-after-gather", "whole-compute", "whole-compute-tiny", "gather-done-2000")
 
 
-def format_table(results: list[Measurement], duration: float) -> str:
-    """Render the measurements as a plain-text table."""
-    lines = [
-        f"{'saturation':>10} {'bump':>5} {'runs':>4} {'median s':>9} {'max s':>7} "
-        f"{'median/D':>9} {'prioritize ms':>14} {'task #0 s':>10}",
-    ]
-    for m in results:
-        median = statistics.median(m.time_to_result)
-        lines.append(
-            f"{m.saturation:>10} {'yes' if m.bumped else 'no':>5} {len(m.time_to_result):>4} "
-            f"{median:>9.3f} {max(m.time_to_result):>7.3f} {median / duration:>9.1f} "
-            f"{1000 * statistics.median(m.request_latency):>14.2f} "
-            f"{statistics.median(m.first_result):>10.3f}"
-        )
+class Kernel:
+    """A kernel started through jupyter_client; runs cells and reads what they print."""
+
+    def __init__(self, name: str, folder: Path) -> None:
+        from jupyter_client.manager import start_new_kernel
+
+        env = dict(os.environ, NBREWIND_STORE=str(folder / f"{name}.nbrewind"))
+        self.name = name
+        self.km, self.kc = start_new_kernel(kernel_name=name, cwd=str(folder), env=env)
+        self.cells = 0
+
+    def run(self, code: str) -> str:
+        """Run ``code`` and return its stdout; raise with the traceback if it failed."""
+        self.cells += 1
+        # A line of its own per cell: a repeat kernel must never replay a measurement.
+        msg_id = self.kc.execute(f"{textwrap.dedent(code).strip()}\n_cell_number = {self.cells}\n")
+        deadline = time.monotonic() + REPLY_TIMEOUT
+        out: list[str] = []
+        error = None
+        while True:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.name}: no reply within {REPLY_TIMEOUT} s") from None
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream" and content["name"] == "stdout":
+                out.append(content["text"])
+            elif kind == "error":
+                error = "\n".join(content["traceback"])
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        if error is not None:
+            raise RuntimeError(f"{self.name}: cell failed:\n{code}\n{error}")
+        return "".join(out)
+
+    def seconds(self, scenario: str) -> float:
+        code = textwrap.dedent(SCENARIOS[scenario]) + "\nprint(json.dumps(seconds))"
+        return float(json.loads(self.run(code).strip().splitlines()[-1]))
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+
+def measure(runs: int, kernels: list[str], policy_kernel: str) -> dict[str, Any]:
+    """Seconds per (kernel or kernel/auto-setting, scenario), one list of runs each."""
+    results: dict[str, dict[str, list[float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-priority-") as tmp:
+        for name in dict.fromkeys([*kernels, policy_kernel]):
+            kernel = Kernel(name, Path(tmp))
+            try:
+                kernel.run(SETUP)
+                policy = name == policy_kernel
+                if policy:
+                    kernel.run("from nbrewind.tasks.priority import enable_auto_priority, set_auto_priority")
+                for _ in range(runs):
+                    if name in kernels:
+                        kernel.run("set_auto_priority(True)" if policy else "pass")
+                        for scenario in SIDE_BY_SIDE:
+                            results.setdefault(name, {}).setdefault(scenario, []).append(kernel.seconds(scenario))
+                    if not policy:
+                        continue
+                    if not name.startswith("nbrewind"):
+                        kernel.run("_auto = enable_auto_priority(client)\n_auto.__enter__()")
+                    for setting in ("on", "off"):
+                        kernel.run(f"set_auto_priority({setting == 'on'})")
+                        label = f"{name} auto {setting}"
+                        for scenario in POLICY:
+                            results.setdefault(label, {}).setdefault(scenario, []).append(kernel.seconds(scenario))
+                    if not name.startswith("nbrewind"):
+                        kernel.run("_auto.__exit__(None, None, None)")
+                    kernel.run("set_auto_priority(True)")
+            finally:
+                kernel.close()
+    return {
+        "runs": runs,
+        "duration": DURATION,
+        "seconds": results,
+        "median": {k: {s: statistics.median(v) for s, v in per.items()} for k, per in results.items()},
+    }
+
+
+def format_tables(data: dict[str, Any]) -> str:
+    """The side-by-side rows and the policy rows as plain text."""
+    median, duration = data["median"], data["duration"]
+    kernels = [k for k in median if " auto " not in k]
+    lines = [f"{data['runs']} runs; medians in seconds; D = {duration * 1000:.0f} ms", ""]
+    lines.append(f"{'action':<10}" + "".join(f"{k:>18}{'÷D':>7}" for k in kernels) + (f"{'ratio':>8}" if len(kernels) == 2 else ""))
+    for scenario in SIDE_BY_SIDE:
+        row = f"{scenario:<10}"
+        for k in kernels:
+            row += f"{median[k][scenario]:>18.3f}{median[k][scenario] / duration:>7.1f}"
+        if len(kernels) == 2:
+            row += f"{median[kernels[0]][scenario] / median[kernels[1]][scenario]:>8.1f}"
+        lines.append(row)
+    for label_on in [k for k in median if k.endswith(" auto on")]:
+        label_off = label_on.replace(" on", " off")
+        lines += ["", f"{'policy (' + label_on.split(' auto')[0] + ')':<22}{'auto on':>10}{'auto off':>10}{'on/off':>8}"]
+        for scenario in POLICY:
+            on, off = median[label_on][scenario], median[label_off][scenario]
+            lines.append(f"{scenario:<22}{on:>10.4f}{off:>10.4f}{on / off:>8.2f}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Parse arguments, run the benchmark and print the table."""
+    """Parse arguments, run every scenario on every kernel, print (and optionally save) the results."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=5, help="runs per bumped configuration")
-    parser.add_argument("--tasks", type=int, default=200)
-    parser.add_argument("--target", type=int, default=150)
-    parser.add_argument("--duration", type=float, default=0.02, help="seconds per task (D)")
-    parser.add_argument("--processes", action="store_true", help="worker in its own process")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--json", type=Path, help="write every run's figures here")
+    parser.add_argument("--kernels", default="python3,nbrewind-audit", help="comma-separated kernel names")
+    parser.add_argument("--policy-kernel", default="python3", help="the kernel the gather policy is measured in")
     args = parser.parse_args(argv)
-    results = measure(args.repeat, args.tasks, args.target, args.duration, args.processes)
-    print(
-        f"{args.tasks} tasks x {args.duration * 1000:.0f} ms, 1 worker x 1 thread, "
-        f"{'processes' if args.processes else 'threads'}; task #{args.target} requested"
-    )
-    print(format_table(results, args.duration))
+    data = measure(args.runs, [k.strip() for k in args.kernels.split(",") if k.strip()], args.policy_kernel)
+    print(format_tables(data))
+    if args.json:
+        args.json.write_text(json.dumps(data, indent=1))
 
 
 if __name__ == "__main__":
