@@ -69,15 +69,15 @@ def find_store(
     from nbrewind.store.store import MARKER_NAME
 
     env = os.environ if environ is None else environ
+    given = Path(target).expanduser().absolute() if target else None
     if store:
         path, source = Path(store).expanduser().absolute(), "--store"
+    elif given is not None and given.is_dir() and ((given / MARKER_NAME).is_file() or given.name.endswith(".nbrewind")):
+        path, source = given, "the store folder given"  # a store named on the command line is as explicit as --store
     elif env.get("NBREWIND_STORE"):
         path, source = Path(env["NBREWIND_STORE"]).expanduser().absolute(), "NBREWIND_STORE"
-    elif target:
-        given = Path(target).expanduser().absolute()
-        if given.is_dir() and ((given / MARKER_NAME).is_file() or given.name.endswith(".nbrewind")):
-            path, source = given, "the store folder given"
-        elif given.suffix == ".ipynb":
+    elif given is not None:
+        if given.suffix == ".ipynb":
             path, source = given.with_name(given.name + ".nbrewind"), f"the notebook {_show(given)}"
             if not given.exists() and not path.exists():
                 raise BadInput(f"{_show(given)} does not exist (and neither does its store {_show(path)})")

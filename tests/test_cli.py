@@ -65,4 +65,4 @@ def test_verify_exits_1_and_names_a_corrupt_object(store: Path) -> None:
 def test_a_folder_that_is_not_a_store_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "stuff.txt").write_text("not a store")
     result = cli("du", "--store", str(tmp_path), check=False)
-    assert result.returncode == 1 and "not an NBRewind store" in result.stderr
+    assert result.returncode == 2 and "not an NBRewind store" in result.stderr  # a bad input

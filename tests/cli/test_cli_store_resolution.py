@@ -38,6 +38,7 @@ def test_the_order_is_flag_env_notebook_default(cli: Cli, stores: dict[str, Path
     assert store_of(cli, "nb.ipynb") == stores["notebook"]
     assert store_of(cli) == stores["default"]
     assert store_of(cli, str(stores["flag"])) == stores["flag"]  # a store folder as the argument
+    assert store_of(cli, str(stores["flag"]), env=env) == stores["flag"]  # ... is as explicit as --store
 
 
 @pytest.mark.parametrize("command", ["log", "du", "gc", "verify", "status"])
