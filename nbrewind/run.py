@@ -208,8 +208,9 @@ def run_notebook(
     """Execute `notebook` on the audit, repeat or plain python3 kernel and write the outputs.
 
     The kernel starts in `cwd` (default: the notebook's folder). Unless `store` is given
-    the NBRewind kernels use ``NBREWIND_STORE`` or `<notebook>.nbrewind` beside the
-    notebook, so a later repeat run of the same notebook finds the audit's records. The
+    the NBRewind kernels use `<notebook>.nbrewind` beside the notebook (whatever
+    ``NBREWIND_STORE`` says: `jupyter nbrewind run` resolves that and passes `store`), so
+    a later repeat run of the same notebook finds the audit's records. The
     kernel is shut down gracefully and given `shutdown_wait` seconds to make its last
     cells durable: every cell the run executed is recorded when this returns.
 
@@ -234,7 +235,7 @@ def run_notebook(
     kernel_env = dict(os.environ if env is None else env)
     store_path = None
     if short != "python3":
-        store_path = Path(store).absolute() if store is not None else default_store(path, kernel_env)
+        store_path = Path(store).absolute() if store is not None else path.with_name(path.name + ".nbrewind")
         kernel_env["NBREWIND_STORE"] = str(store_path)
     manager: dict[str, Any] = {"shutdown_wait_time": float(shutdown_wait)}
     sockets = None
