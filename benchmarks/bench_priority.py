@@ -25,7 +25,7 @@ cache (which stores every result it computes) does not blur what the bumps cost
   gathers those 10: what a bump on gather could cost the rest of the work;
 - `whole-compute`: `x.sum().compute()` on a persisted 200-block array of 20 ms
   blocks: a wait for everything, which must be a no-op;
-- `whole-compute-tiny`: the same with 2,000 blocks of no work, where a
+- `whole-compute-tiny`: the same with 500 blocks of no work, where a
   per-compute cost would show;
 - `gather-done-2000`: `client.gather` of 2,000 finished futures.
 
@@ -114,7 +114,7 @@ SCENARIOS = {
         del x; settle()
     """,
     "whole-compute-tiny": """
-        x = da.zeros((2000, 100), chunks=(1, 100)).map_blocks(quick_block, fresh()).persist()
+        x = da.zeros((500, 100), chunks=(1, 100)).map_blocks(quick_block, fresh()).persist()
         seconds = timed(lambda: x.sum().compute())
         del x; settle()
     """,
@@ -125,6 +125,23 @@ SCENARIOS = {
         del futs; settle()
     """,
 }
+
+#: What a patched wait costs the notebook's thread before it waits (seconds per call).
+CLIENT_COSTS = """
+import timeit
+from nbrewind.tasks.priority import bump_waited, set_auto_priority
+set_auto_priority(True)
+done = client.map(quick_block, range(2000), salt=fresh())
+wait(done)
+pending = client.map(slow, range(20), salt=fresh())
+costs = {
+    "bump_waited, 2000 finished futures": timeit.timeit(lambda: bump_waited(done), number=20) / 20,
+    "bump_waited, 1 pending future (sends a bump)": timeit.timeit(lambda: bump_waited(pending[-1:]), number=20) / 20,
+    "bump_waited, all 20 pending futures (skipped)": timeit.timeit(lambda: bump_waited(pending), number=20) / 20,
+}
+client.cancel(pending); del done, pending; settle()
+print(json.dumps(costs))
+"""
 
 SIDE_BY_SIDE = ("result", "slice")
 POLICY = ("gather-10", "all-after-gather", "whole-compute", "whole-compute-tiny", "gather-done-2000")
@@ -169,9 +186,21 @@ class Kernel:
             raise RuntimeError(f"{self.name}: cell failed:\n{code}\n{error}")
         return "".join(out)
 
-    def seconds(self, scenario: str) -> float:
-        code = textwrap.dedent(SCENARIOS[scenario]) + "\nprint(json.dumps(seconds))"
-        return float(json.loads(self.run(code).strip().splitlines()[-1]))
+    def json(self, code: str) -> Any:
+        """Run ``code``, whose last printed line is JSON, and return it decoded."""
+        return json.loads(self.run(code).strip().splitlines()[-1])
+
+    def seconds(self, scenario: str) -> tuple[float, float]:
+        """The wait's seconds, and the seconds the scheduler spent on automatic bumps meanwhile."""
+        code = "\n".join([
+            "_plugin = cluster.scheduler.plugins.get('nbrewind-priority')",
+            "_before = _plugin.auto_seconds if _plugin else 0.0",
+            textwrap.dedent(SCENARIOS[scenario]),
+            "_plugin = cluster.scheduler.plugins.get('nbrewind-priority')",
+            "print(json.dumps([seconds, (_plugin.auto_seconds if _plugin else 0.0) - _before]))",
+        ])
+        wait, scheduler = self.json(code)
+        return float(wait), float(scheduler)
 
     def close(self) -> None:
         self.kc.stop_channels()
@@ -193,7 +222,7 @@ def measure(runs: int, kernels: list[str], policy_kernel: str) -> dict[str, Any]
                     if name in kernels:
                         kernel.run("set_auto_priority(True)" if policy else "pass")
                         for scenario in SIDE_BY_SIDE:
-                            results.setdefault(name, {}).setdefault(scenario, []).append(kernel.seconds(scenario))
+                            results.setdefault(name, {}).setdefault(scenario, []).append(kernel.seconds(scenario)[0])
                     if not policy:
                         continue
                     if not name.startswith("nbrewind"):
@@ -202,7 +231,12 @@ def measure(runs: int, kernels: list[str], policy_kernel: str) -> dict[str, Any]
                         kernel.run(f"set_auto_priority({setting == 'on'})")
                         label = f"{name} auto {setting}"
                         for scenario in POLICY:
-                            results.setdefault(label, {}).setdefault(scenario, []).append(kernel.seconds(scenario))
+                            wait, scheduler = kernel.seconds(scenario)
+                            results.setdefault(label, {}).setdefault(scenario, []).append(wait)
+                            results.setdefault(f"{label} scheduler", {}).setdefault(scenario, []).append(scheduler)
+                    costs = kernel.json(CLIENT_COSTS)
+                    for what, value in costs.items():
+                        results.setdefault("client", {}).setdefault(what, []).append(value)
                     if not name.startswith("nbrewind"):
                         kernel.run("_auto.__exit__(None, None, None)")
                     kernel.run("set_auto_priority(True)")
@@ -217,11 +251,12 @@ def measure(runs: int, kernels: list[str], policy_kernel: str) -> dict[str, Any]
 
 
 def format_tables(data: dict[str, Any]) -> str:
-    """The side-by-side rows and the policy rows as plain text."""
+    """The side-by-side rows, the policy rows and the per-call costs as plain text."""
     median, duration = data["median"], data["duration"]
-    kernels = [k for k in median if " auto " not in k]
+    kernels = [k for k in median if " auto " not in k and k != "client" and SIDE_BY_SIDE[0] in median[k]]
     lines = [f"{data['runs']} runs; medians in seconds; D = {duration * 1000:.0f} ms", ""]
-    lines.append(f"{'action':<10}" + "".join(f"{k:>18}{'÷D':>7}" for k in kernels) + (f"{'ratio':>8}" if len(kernels) == 2 else ""))
+    header = f"{'action':<10}" + "".join(f"{k:>18}{'÷D':>7}" for k in kernels)
+    lines.append(header + (f"{'ratio':>8}" if len(kernels) == 2 else ""))
     for scenario in SIDE_BY_SIDE:
         row = f"{scenario:<10}"
         for k in kernels:
@@ -230,11 +265,16 @@ def format_tables(data: dict[str, Any]) -> str:
             row += f"{median[kernels[0]][scenario] / median[kernels[1]][scenario]:>8.1f}"
         lines.append(row)
     for label_on in [k for k in median if k.endswith(" auto on")]:
-        label_off = label_on.replace(" on", " off")
-        lines += ["", f"{'policy (' + label_on.split(' auto')[0] + ')':<22}{'auto on':>10}{'auto off':>10}{'on/off':>8}"]
+        label_off = label_on.replace(" auto on", " auto off")
+        scheduler = median[f"{label_on} scheduler"]
+        name = label_on.split(" auto")[0]
+        lines += ["", f"{'policy (' + name + ')':<22}{'auto on':>10}{'auto off':>10}{'on/off':>8}{'scheduler ms':>14}"]
         for scenario in POLICY:
             on, off = median[label_on][scenario], median[label_off][scenario]
-            lines.append(f"{scenario:<22}{on:>10.4f}{off:>10.4f}{on / off:>8.2f}")
+            lines.append(f"{scenario:<22}{on:>10.4f}{off:>10.4f}{on / off:>8.2f}{scheduler[scenario] * 1000:>14.3f}")
+    if "client" in median:
+        lines += ["", "per call, in the notebook's thread:"]
+        lines += [f"  {what}: {seconds * 1e6:.1f} µs" for what, seconds in median["client"].items()]
     return "\n".join(lines)
 
 

@@ -90,6 +90,8 @@ class _SchedulerSide:
         #: because nothing else was going to run (a wait for a whole computation).
         self.auto_requests = 0
         self.auto_noops = 0
+        #: Seconds the scheduler spent deciding and applying automatic bumps.
+        self.auto_seconds = 0.0
 
     async def start(self, scheduler: Any) -> None:
         """Install the RPC handler when the plugin is added to a scheduler."""
@@ -174,6 +176,14 @@ class _SchedulerSide:
         could overtake nothing, which is the case of waiting for a whole
         computation, and re-sorting queues for it would be wasted work.
         """
+        started = time.perf_counter() if only_if_useful else 0.0
+        try:
+            return self._bump(roots, head, only_if_useful)
+        finally:
+            if only_if_useful:
+                self.auto_seconds += time.perf_counter() - started
+
+    def _bump(self, roots: Iterable[Any], head: Priority, only_if_useful: bool) -> int:
         chosen = []
         seen: set[int] = set()
         stack = list(roots)
