@@ -30,12 +30,13 @@ _MISSING = object()
 class LazyNamespace(dict[str, Any]):
     """A dict that can hold names whose values are still in the store."""
 
-    __slots__ = ("_pending", "_loader", "__weakref__")
+    __slots__ = ("_pending", "_loader", "_loading", "__weakref__")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._pending: dict[str, Any] = {}
         self._loader: Loader | None = None
+        self._loading: set[str] = set()
         key = id(self)
         _live[key] = weakref.ref(self, functools.partial(_forget_instance, key))
 
@@ -69,13 +70,18 @@ class LazyNamespace(dict[str, Any]):
         token = self._pending.get(name, _MISSING)
         if token is _MISSING:
             raise KeyError(name)
-        if self._loader is None:
+        if self._loader is None or name in self._loading:
+            # Asked for again while its loader runs (which may run code that looks names up,
+            # as IPython's prefilter does): not defined yet, and never loaded twice at once.
             raise KeyError(name)
+        self._loading.add(name)
         try:
             values = self._loader(name, token)
         except KeyError:
             self.discard_pending(name)  # the loader gave up on it: from now on it is not defined
             raise
+        finally:
+            self._loading.discard(name)
         for member, value in values.items():
             if self._pending.get(member, _MISSING) is _MISSING and member != name:
                 continue

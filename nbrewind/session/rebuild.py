@@ -87,7 +87,7 @@ class Rebuilder:
             raise LookupError(f"no recorded cell run wrote {name!r} as it is stored")
         code, parent_entries, failed = found
         try:
-            code = self._shell.transform_cell(code)
+            code = _transform(self._shell, code)
         except Exception:
             pass
         scratch = self._rerun(code, parent_entries, f"<nbrewind re-run to make {name} again>", depth + 1, failed)
@@ -198,7 +198,7 @@ class Rebuilder:
                 raise
             code, entries, _ = found
             try:
-                code = self._shell.transform_cell(code)
+                code = _transform(self._shell, code)
             except Exception:
                 pass
         if not code:
@@ -232,3 +232,11 @@ def _set_env(values: Mapping[str, str | None]) -> None:
             os.environ.pop(var, None)
         else:
             os.environ[var] = value
+
+
+def _transform(shell: Any, code: str) -> str:
+    """Recorded cell code as IPython would run it (magics, shell escapes), without the
+    prefilter's per-line look-ups in the user's namespace: those would load pending
+    names, the very ones being made again."""
+    manager = getattr(shell, "input_transformer_manager", None)
+    return manager.transform_cell(code) if manager is not None else shell.transform_cell(code)

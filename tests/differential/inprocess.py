@@ -43,6 +43,7 @@ from differential.canon import canonical_namespace
 # libraries the generated notebooks use before any run keeps every run alike.
 import dask.config  # noqa: E402,F401
 import numpy  # noqa: E402,F401
+import IPython.core.completer  # noqa: E402,F401  (adds a warning filter when first imported)
 
 _BASELINE_FILTERS = list(pywarnings.filters)
 
