@@ -196,10 +196,12 @@ def _is_backpack_folder(path: Path) -> bool:
 
 
 def _check_backpack_file(path: Path) -> None:
-    """BadInput unless `path` is an existing file that starts like a backpack (a zstd stream)."""
+    """BadInput unless `path` exists and is named like a backpack or starts like one (a
+    zstd stream). A .tar.zst that fails verification is a damaged backpack, reported by
+    the verification itself (exit 1), not a wrong argument."""
     if not path.exists():
         raise BadInput(f"{_show(path)} does not exist")
-    if path.is_dir():
+    if path.is_dir() or path.name.endswith((".tar.zst", ".tzst")):
         return
     with open(path, "rb") as handle:
         head = handle.read(4)
