@@ -116,7 +116,8 @@ def _plain(value: dict[str, Any]) -> dict[str, Any]:
     as base64, datetimes in ISO form), so a replay sends what the frontend received."""
     from jupyter_client.jsonutil import json_default  # the kernel has it loaded already
 
-    return json.loads(json.dumps(value, default=json_default))
+    plain: dict[str, Any] = json.loads(json.dumps(value, default=json_default))
+    return plain
 
 
 def encode_outputs(messages: list[OutputMessage]) -> tuple[bytes, list[bytes]]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from nbrewind.checkpoint.values import StagedGroup
 from nbrewind.errors import ObjectNotFoundError
-from nbrewind.session.plan import ABSENT
+from nbrewind.session.pseudo import ABSENT
 from nbrewind.session.writer import BackgroundWriter
 from nbrewind.store import CellRun, Store, TaskLogEntry
 from nbrewind.store.objects import StagedBlob

@@ -16,8 +16,8 @@ from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.serialize import Unserializable, digest_value
 from nbrewind.session import outside, policy, pseudo
 from nbrewind.session.matching import Match, find_match
-from nbrewind.session.plan import ABSENT, CellPlan, FunctionView, Paths, RngLedger, env_key
-from nbrewind.session.pseudo import Pseudo
+from nbrewind.session.plan import CellPlan, FunctionView, Paths, RngLedger, env_key
+from nbrewind.session.pseudo import ABSENT, Pseudo
 from nbrewind.store.digest import digest_bytes
 
 if TYPE_CHECKING:

@@ -134,4 +134,5 @@ def run_status(reply: Mapping[str, Any]) -> str:
 
 def reply_record(reply: Mapping[str, Any]) -> dict[str, Any]:
     keep = ("status", "ename", "evalue", "traceback", "payload")
-    return json.loads(json.dumps({k: reply[k] for k in keep if k in reply}, default=str))
+    record: dict[str, Any] = json.loads(json.dumps({k: reply[k] for k in keep if k in reply}, default=str))
+    return record

@@ -239,4 +239,4 @@ def _transform(shell: Any, code: str) -> str:
     prefilter's per-line look-ups in the user's namespace: those would load pending
     names, the very ones being made again."""
     manager = getattr(shell, "input_transformer_manager", None)
-    return manager.transform_cell(code) if manager is not None else shell.transform_cell(code)
+    return str(manager.transform_cell(code) if manager is not None else shell.transform_cell(code))

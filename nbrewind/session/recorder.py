@@ -27,8 +27,8 @@ from nbrewind.checkpoint.serialize import Unserializable
 from nbrewind.checkpoint.values import stage_group, stage_json
 from nbrewind.session import outside, pseudo, purity
 from nbrewind.session.keys import user_names
-from nbrewind.session.plan import ABSENT, CellPlan, LastCell, Paths, RngLedger, env_key, reply_record, run_status
-from nbrewind.session.pseudo import Pseudo
+from nbrewind.session.plan import CellPlan, LastCell, Paths, RngLedger, env_key, reply_record, run_status
+from nbrewind.session.pseudo import ABSENT, Pseudo
 from nbrewind.session.state import HIDDEN, Entry
 from nbrewind.store.digest import is_digest
 from nbrewind.store import CellRun

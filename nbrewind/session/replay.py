@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from nbrewind.checkpoint import hidden
 from nbrewind.checkpoint.outputs import decode_outputs, for_replay
 from nbrewind.session import policy
-from nbrewind.session.plan import ABSENT, CellPlan, Emit, LastCell, RngLedger
+from nbrewind.session.plan import CellPlan, Emit, LastCell, RngLedger
+from nbrewind.session.pseudo import ABSENT
 from nbrewind.session.state import HIDDEN, Entry
 
 if TYPE_CHECKING:
