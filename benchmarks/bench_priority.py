@@ -1,6 +1,7 @@
 """Automatic priority bumps, side by side on real `python3` and `nbrewind-audit` kernels.
 
-Run: `python -m benchmarks.bench_priority [--runs N] [--json OUT] [--kernels python3,nbrewind-audit]`.
+Run: `python -m benchmarks.bench_priority [--runs N] [--json OUT] [--kernels python3,nbrewind-audit]
+[--policy-kernel python3] [--saturation S]`.
 
 Each kernel gets a `LocalCluster` of one worker with one thread (threads, in the
 kernel's process) made by the notebook's own cells; every figure is measured
@@ -207,14 +208,21 @@ class Kernel:
         self.km.shutdown_kernel(now=True)
 
 
-def measure(runs: int, kernels: list[str], policy_kernel: str) -> dict[str, Any]:
-    """Seconds per (kernel or kernel/auto-setting, scenario), one list of runs each."""
+def measure(runs: int, kernels: list[str], policy_kernel: str, saturation: float | None = None) -> dict[str, Any]:
+    """Seconds per (kernel or kernel/auto-setting, scenario), one list of runs each.
+
+    An empty ``policy_kernel`` skips the policy part; ``saturation`` sets
+    ``distributed.scheduler.worker-saturation`` for the clusters (distributed's default otherwise).
+    """
     results: dict[str, dict[str, list[float]]] = {}
+    setup = SETUP
+    if saturation is not None:
+        setup = f"import dask\ndask.config.set({{'distributed.scheduler.worker-saturation': {saturation!r}}})\n{SETUP}"
     with tempfile.TemporaryDirectory(prefix="bench-priority-") as tmp:
-        for name in dict.fromkeys([*kernels, policy_kernel]):
+        for name in dict.fromkeys([*kernels, *([policy_kernel] if policy_kernel else [])]):
             kernel = Kernel(name, Path(tmp))
             try:
-                kernel.run(SETUP)
+                kernel.run(setup)
                 policy = name == policy_kernel
                 if policy:
                     kernel.run("from nbrewind.tasks.priority import enable_auto_priority, set_auto_priority")
@@ -230,6 +238,10 @@ def measure(runs: int, kernels: list[str], policy_kernel: str) -> dict[str, Any]
                     for setting in ("on", "off"):
                         kernel.run(f"set_auto_priority({setting == 'on'})")
                         label = f"{name} auto {setting}"
+                        if setting == "on" and not name.startswith("nbrewind"):
+                            # The same two rows with bumps on but without the audit kernel's task cache.
+                            for scenario in SIDE_BY_SIDE:
+                                results.setdefault(label, {}).setdefault(scenario, []).append(kernel.seconds(scenario)[0])
                         for scenario in POLICY:
                             wait, scheduler = kernel.seconds(scenario)
                             results.setdefault(label, {}).setdefault(scenario, []).append(wait)
@@ -244,6 +256,7 @@ def measure(runs: int, kernels: list[str], policy_kernel: str) -> dict[str, Any]
                 kernel.close()
     return {
         "runs": runs,
+        "saturation": saturation,
         "duration": DURATION,
         "seconds": results,
         "median": {k: {s: statistics.median(v) for s, v in per.items()} for k, per in results.items()},
@@ -254,7 +267,12 @@ def format_tables(data: dict[str, Any]) -> str:
     """The side-by-side rows, the policy rows and the per-call costs as plain text."""
     median, duration = data["median"], data["duration"]
     kernels = [k for k in median if " auto " not in k and k != "client" and SIDE_BY_SIDE[0] in median[k]]
-    lines = [f"{data['runs']} runs; medians in seconds; D = {duration * 1000:.0f} ms", ""]
+    saturation = data.get("saturation")
+    lines = [
+        f"{data['runs']} runs; medians in seconds; D = {duration * 1000:.0f} ms; "
+        f"worker-saturation {'default' if saturation is None else saturation}",
+        "",
+    ]
     header = f"{'action':<10}" + "".join(f"{k:>18}{'÷D':>7}" for k in kernels)
     lines.append(header + (f"{'ratio':>8}" if len(kernels) == 2 else ""))
     for scenario in SIDE_BY_SIDE:
@@ -272,6 +290,9 @@ def format_tables(data: dict[str, Any]) -> str:
         for scenario in POLICY:
             on, off = median[label_on][scenario], median[label_off][scenario]
             lines.append(f"{scenario:<22}{on:>10.4f}{off:>10.4f}{on / off:>8.2f}{scheduler[scenario] * 1000:>14.3f}")
+    for label_on in [k for k in median if k.endswith(" auto on") and SIDE_BY_SIDE[0] in median[k]]:
+        lines += ["", f"{label_on} (enable_auto_priority in the notebook):"]
+        lines += [f"  {s}: {median[label_on][s]:.3f} s, {median[label_on][s] / duration:.1f} D" for s in SIDE_BY_SIDE]
     if "client" in median:
         lines += ["", "per call, in the notebook's thread:"]
         lines += [f"  {what}: {seconds * 1e6:.1f} µs" for what, seconds in median["client"].items()]
@@ -284,9 +305,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", type=Path, help="write every run's figures here")
     parser.add_argument("--kernels", default="python3,nbrewind-audit", help="comma-separated kernel names")
-    parser.add_argument("--policy-kernel", default="python3", help="the kernel the gather policy is measured in")
+    parser.add_argument(
+        "--policy-kernel", default="python3", help="the kernel the gather policy is measured in ('' skips it)"
+    )
+    parser.add_argument("--saturation", type=float, help="distributed.scheduler.worker-saturation (default: distributed's)")
     args = parser.parse_args(argv)
-    data = measure(args.runs, [k.strip() for k in args.kernels.split(",") if k.strip()], args.policy_kernel)
+    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    data = measure(args.runs, kernels, args.policy_kernel, args.saturation)
     print(format_tables(data))
     if args.json:
         args.json.write_text(json.dumps(data, indent=1))
