@@ -26,6 +26,11 @@ def test_prune_keeps_what_the_newest_session_replays(cli: Cli, tmp_path: Path) -
     assert decisions(cli) == ["ran", "ran"]  # session 1: audit
     write_notebook(tmp_path / "nb.ipynb", cells("1, 3"))
     assert decisions(cli) == ["ran", "ran"]  # session 2: audit of the edit
+    log = json.loads(cli("log", "nb.ipynb", "--tasks", "--json").stdout)
+    assert [t["cell_run_id"] for t in log["tasks"]] == [log["cell_runs"][0]["id"]]  # this session's task only
+    assert log["tasks"][0]["duration"] is not None
+    text = cli("log", "nb.ipynb", "--tasks").stdout.split("\n\n")[1].splitlines()
+    assert text[0].split() == ["run", "task", "key", "hit", "time", "saved", "bytes", "worker"] and len(text) == 3
     assert decisions(cli, "--kernel", "repeat") == ["replayed", "replayed"]  # session 3
 
     before = json.loads(cli("log", "nb.ipynb", "--all", "--json").stdout)["cell_runs"]
