@@ -143,9 +143,10 @@ def test_a_copied_store_of_another_user_is_never_loaded(
 
 
 def test_the_audit_kernel_does_not_use_an_untrusted_store(
-    attacker: Attacker, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    attacker: Attacker, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     nb = _victim_copy(attacker, tmp_path / "victim")
+    monkeypatch.delenv("NBREWIND_STORE")  # `run` would take it before the notebook's own store
     store = nb.with_name("x.ipynb.nbrewind")
     before = _catalog_sha(store)
     capfd.readouterr()
