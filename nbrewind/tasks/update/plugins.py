@@ -319,7 +319,8 @@ class _WorkerSide:
     """
 
     name = PLUGIN_NAME
-    idempotent = True
+    # Registering again (another store) replaces the plugin on every worker.
+    idempotent = False
 
     def __init__(self, store: str | None = None) -> None:
         self.store = store
