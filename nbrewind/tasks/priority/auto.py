@@ -106,11 +106,15 @@ def bump_waited(futures: Iterable[Any]) -> int:
 
         by_client: dict[Any, set[Any]] = {}
         for future in futures:
-            if isinstance(future, Future) and not future.done() and _enabled_for(future.client):
-                by_client.setdefault(future.client, set()).add(future.key)
-        if not by_client or _in_task():
+            if isinstance(future, Future) and not future.done():
+                keys = by_client.get(future.client)
+                if keys is None:
+                    keys = by_client[future.client] = set()
+                keys.add(future.key)
+        targets = [(client, keys) for client, keys in by_client.items() if _enabled_for(client)]
+        if not targets or _in_task():
             return 0
-        for client, keys in by_client.items():
+        for client, keys in targets:
             sent += _send(client, keys)
     except Exception:  # noqa: BLE001 - a failed bump must never fail the wait
         _warn_once(None, "could not raise the priority of the futures waited for")
