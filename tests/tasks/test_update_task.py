@@ -87,6 +87,10 @@ def from_handle(h, folder):
     log(folder, "held.log", "replacement")
     return float(h.fetch().sum())
 
+def publish_once(name, n):
+    nbrewind.update_task(publish={name: np.arange(n)}, depends_on=[])
+    return name
+
 def misuse(x, x_key, other_key):
     """Bad updates, each answered by a clear error; returns them."""
     errors = {}
@@ -320,6 +324,41 @@ def test_bad_updates_get_clear_errors(client: Client, tmp_path: Path) -> None:
     assert set(errors) == {"unknown", "unpicklable", "still-needed", "not-mine", "ref-unknown", "publish-existing"}
     # A refused update changes nothing: both keys are still there.
     assert x.result(timeout=10).sum() == 70.0 and other.result(timeout=10).sum() == 80.0
+
+
+def test_under_the_task_cache(client: Client, tmp_path: Path) -> None:
+    from nbrewind.tasks.cache import TaskCache
+    from nbrewind.tasks.intercept import intercepting
+
+    store = tmp_path / "cache.nbrewind"
+    with intercepting(TaskCache(store)):
+        # A task taking handles is not cached (a handle has no fingerprint): its pieces go
+        # to the store given to install(), and it resumes as anywhere else.
+        agg, keys = _submit(client, tmp_path, "agg-cached", kill_at=(4,))
+        assert agg.result(timeout=60) == EXPECTED
+        assert len(_lines(tmp_path, "consumed.log")) == N + 1
+        assert any((tmp_path / "store").rglob("*"))
+        # A cached task publishes into the cache's own store.
+        before = set((store / "objects").rglob("*"))
+        plugin_store = set((tmp_path / "store").rglob("*"))
+        piece = client.submit(NS["publish_once"], "cached-piece", 5, key="cached-publisher")
+        assert piece.result(timeout=60) == "cached-piece"
+    assert set((store / "objects").rglob("*")) - before
+    assert set((tmp_path / "store").rglob("*")) == plugin_store
+
+
+def test_handles_are_found_in_task_arguments() -> None:
+    from dask._task_spec import Task, parse_input
+
+    from nbrewind.tasks.update.plugins import scan_handles
+
+    task = Task("t", max, parse_input([up.handle("a"), {"b": up.handle(("b", 1))}]), up.ref("c"), "d")
+    assert scan_handles(task) == {"a", ("b", 1)}
+    assert task.dependencies == {"c"}  # a handle is not a dependency; a ref is
+    assert up.key_of(up.handle("x")) == "x" and up.key_of(up.ref("y")) == "y"
+    import pickle
+
+    assert pickle.loads(pickle.dumps(up.handle("k"))) == up.handle("k")
 
 
 def test_misuse_outside_a_task_and_without_plugins(cluster: LocalCluster, tmp_path: Path) -> None:
