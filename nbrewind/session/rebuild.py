@@ -13,16 +13,18 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from nbrewind.checkpoint import hidden
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.serialize import Unserializable, digest_value
 from nbrewind.checkpoint.values import StagedGroup, load_group, load_json, stage_group
+from nbrewind.identity import settings as settings_registry
 from nbrewind.session import policy, pseudo
 from nbrewind.session.pseudo import Pseudo
 from nbrewind.session.state import UNSERIALIZABLE, VALUE, Entry, value_key
+from nbrewind.store.digest import is_digest
 
 if TYPE_CHECKING:
     from nbrewind.session.notices import Notices
@@ -55,11 +57,22 @@ class Rebuilder:
         self._writer = writer
         self._paths = paths
         self._notices = notices
+        # What a setting is before any cell changed it (a checkpoint records only changes):
+        # taken when the session opens, before the first cell.
+        self._initial_settings = settings_registry.capture_settings(s.name for s in settings_registry.REGISTRY)
+        self._making: set[str] = set()
 
     def _producer(self, name: str, entry: Entry) -> tuple[str, dict[str, Any], bool] | None:
-        """The code of the newest recorded cell run that wrote `entry` for `name`, the
-        checkpoint entries it started from, and whether that run ended in an error (a
-        cell may bind a name and then raise: what it bound is still the state)."""
+        """The newest of `_producers`, or None."""
+        return next(self._producers(name, entry), None)
+
+    def _producers(self, name: str, entry: Entry) -> Iterator[tuple[str, dict[str, Any], bool]]:
+        """The recorded cell runs that made `entry` for `name`, newest first: each one's
+        code, the checkpoint entries it started from, and whether it ended in an error (a
+        cell may bind a name and then raise: what it bound is still the state).
+
+        A run that started from the same entry did not make it (it stored the name again,
+        unchanged): re-running it would need the very value being made."""
         catalog = self._catalog
         for run in reversed(catalog.cell_runs()):
             if run.checkpoint_id is None or run.status not in ("ok", "error") or name not in (run.writes or ()):
@@ -67,8 +80,10 @@ class Rebuilder:
             if catalog.checkpoint_entries(run.checkpoint_id).get(name, ("",))[0] != entry.digest:
                 continue
             parent = catalog.get_checkpoint(run.checkpoint_id).parent_id
-            return run.code, catalog.checkpoint_entries(parent) if parent is not None else {}, run.status == "error"
-        return None
+            before = catalog.checkpoint_entries(parent) if parent is not None else {}
+            if before.get(name, ("",))[0] == entry.digest:
+                continue
+            yield run.code, before, run.status == "error"
 
     def regenerate(self, name: str, entry: Entry, depth: int = 0, into: dict[str, Any] | None = None) -> dict[str, Any]:
         """Make a stored value whose objects cannot be read again, by re-running the cell
@@ -82,24 +97,15 @@ class Rebuilder:
         """
         if depth > _MAX_REGENERATION_DEPTH:
             raise RecursionError(f"more than {_MAX_REGENERATION_DEPTH} earlier cells would have to run again")
-        found = self._producer(name, entry)
-        if found is None:
-            raise LookupError(f"no recorded cell run wrote {name!r} as it is stored")
-        code, parent_entries, failed = found
+        if entry.digest in self._making:
+            # A value can come back to itself (made by one cell, changed by the next, changed
+            # back by a third): the run that needs it now cannot be the way to make it.
+            raise LookupError(f"making {name!r} again would need {name!r} as it is stored")
+        self._making.add(entry.digest)
         try:
-            code = _transform(self._shell, code)
-        except Exception:
-            pass
-        scratch = self._rerun(code, parent_entries, f"<nbrewind re-run to make {name} again>", depth + 1, failed)
-        members = entry.group or (name,)
-        group = {m: dict.__getitem__(scratch, m) for m in members if dict.__contains__(scratch, m)}
-        if name not in group:
-            raise NameError(f"re-running the cell that made {name!r} did not define it again")
-        value = digest_value(group[name])
-        if isinstance(value, Unserializable) or value_key(value, members) != entry.key:
-            # Something the cell read then (a file, a setting) is not what it is now: the
-            # value made again is not the recorded one.
-            raise LookupError(f"re-running the cell that wrote {name!r} gave a different value than the recorded one")
+            group = self._made_again(name, entry, depth)
+        finally:
+            self._making.discard(entry.digest)
         staged = stage_group(self._state.objects, group)
         if not isinstance(staged, StagedGroup):
             raise LookupError(f"{name!r} made again cannot be stored ({staged.reason})")
@@ -113,6 +119,36 @@ class Rebuilder:
                 if old is not None and old.digest == entry.digest:
                     self._state.entries[member] = Entry(staged.digest, old.kind, old.key, old.group, old.extra)
         return values
+
+    def _made_again(self, name: str, entry: Entry, depth: int) -> dict[str, Any]:
+        """`entry`'s group, made again by the newest recorded run that makes it with the
+        recorded content (older runs are tried when a newer one cannot)."""
+        members = entry.group or (name,)
+        problem: Exception = LookupError(f"no recorded cell run wrote {name!r} as it is stored")
+        for code, parent_entries, failed in self._producers(name, entry):
+            try:
+                code = _transform(self._shell, code)
+            except Exception:
+                pass
+            try:
+                scratch = self._rerun(code, parent_entries, f"<nbrewind re-run to make {name} again>", depth + 1, failed)
+            except RecursionError:
+                raise
+            except Exception as exc:
+                problem = exc
+                continue
+            group = {m: dict.__getitem__(scratch, m) for m in members if dict.__contains__(scratch, m)}
+            if name not in group:
+                problem = NameError(f"re-running the cell that made {name!r} did not define it again")
+                continue
+            value = digest_value(group[name])
+            if isinstance(value, Unserializable) or value_key(value, members) != entry.key:
+                # Something the cell read then (a file, a setting) is not what it is now: the
+                # value made again is not the recorded one.
+                problem = LookupError(f"re-running the cell that wrote {name!r} gave a different value than the recorded one")
+                continue
+            return group
+        raise problem
 
     def _rerun(
         self, code: str, entries: Mapping[str, Any], label: str, depth: int = 0, failed: bool = False
@@ -139,10 +175,13 @@ class Rebuilder:
         rng_states: dict[str, Any] = {}
         env: dict[str, str | None] = {}
         cwd: str | None = None
+        settings: dict[str, str] = {}
         for member, (digest, meta) in entries.items():
             parsed = pseudo.parse(member)
             if parsed is None:
                 scratch.set_pending(member, Entry.from_meta(digest, meta))
+            elif parsed[0] is Pseudo.SETTING and "setting" in meta and is_digest(digest):
+                settings[meta["setting"]] = digest
             elif parsed[0] is Pseudo.RNG:
                 rng_states[parsed[1]] = digest
             elif parsed[0] is Pseudo.ENV and "var" in meta:
@@ -151,12 +190,18 @@ class Rebuilder:
                 cwd = meta["path"]
         # A fresh run of the notebook never ran this cell a second time: its draws from the
         # global RNGs must not count, and it draws what the original run drew; it sees the
-        # environment variables and working directory the notebook had set by then.
+        # environment variables, working directory and library settings (warning filters,
+        # pandas options) the notebook had set by then.
+        objects = self._state.objects
         saved = hidden.capture_rng()
         saved_env = {var: os.environ.get(var) for var in env}
         saved_cwd = os.getcwd()
+        then = {name: snapshot for name, snapshot in self._initial_settings.items() if name not in settings}
+        saved_settings = settings_registry.capture_settings([*settings, *then])
         try:
-            hidden.restore_rng({which: load_group(self._state.objects, d)["state"] for which, d in rng_states.items()})
+            hidden.restore_rng({which: load_group(objects, d)["state"] for which, d in rng_states.items()})
+            then.update({name: load_group(objects, d)["snapshot"] for name, d in settings.items()})
+            settings_registry.apply_settings(then)
             _set_env(env)
             if cwd is not None:
                 os.chdir(self._paths.abs(cwd))
@@ -172,6 +217,7 @@ class Rebuilder:
         finally:
             os.chdir(saved_cwd)
             _set_env(saved_env)
+            settings_registry.apply_settings(saved_settings)
             hidden.restore_rng(saved)
             scratch.set_loader(None)
         return scratch
