@@ -127,6 +127,10 @@ class CatalogTablesMixin:
             raise KeyError(f"no checkpoint with id {checkpoint_id}")
         return Checkpoint(*rows[0])
 
+    def checkpoints(self) -> list[Checkpoint]:
+        """Every checkpoint's header, oldest first (parents and owners, for retention)."""
+        return [Checkpoint(*row) for row in self._query("SELECT id, cell_run_id, parent_id, created FROM checkpoints ORDER BY id")]
+
     def checkpoint_entries(self, checkpoint_id: int) -> dict[str, tuple[str, dict[str, Any]]]:
         """The checkpoint's ``name -> (digest, meta)`` map (meta is ``{}`` when none was given)."""
         rows = self._query(
@@ -174,6 +178,24 @@ class CatalogTablesMixin:
             (fingerprint,),
         )
         return rows[0][0] if rows else None
+
+    # -- retention ---------------------------------------------------------------
+
+    def delete_rows(self, *, cell_runs: Iterable[int] = (), checkpoints: Iterable[int] = (), tasks: Iterable[int] = ()) -> None:
+        """Delete cell runs, checkpoints (with their entries) and task-log rows by id, in
+        one signed transaction. The caller keeps what the rest still names (`prune`)."""
+        with self.transaction():
+            try:
+                for table, column, ids in (
+                    ("checkpoint_entries", "checkpoint_id", checkpoints),
+                    ("checkpoints", "id", checkpoints),
+                    ("cell_runs", "id", cell_runs),
+                    ("task_log", "id", tasks),
+                ):
+                    # Newest first: a checkpoint's parent is older, and its row must outlive the child's.
+                    self._conn.executemany(f"DELETE FROM {table} WHERE {column} = ?", [(i,) for i in sorted(ids, reverse=True)])
+            except sqlite3.Error as exc:
+                raise self._translate(exc) from exc
 
     # -- reachability ------------------------------------------------------------
 

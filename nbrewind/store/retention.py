@@ -59,9 +59,9 @@ def plan_prune(store: Store, keep_sessions: int) -> tuple[PrunePlan, set[int], s
         source = _source_run(by_id[run_id], by_id)
         if source is not None:
             keep.add(source.id)
-    conn = store.catalog._conn  # plain reads; the catalog has no query for checkpoint parents
-    parents = dict(conn.execute("SELECT id, parent_id FROM checkpoints").fetchall())
-    owners = dict(conn.execute("SELECT id, cell_run_id FROM checkpoints").fetchall())
+    headers = store.catalog.checkpoints()
+    parents = {c.id: c.parent_id for c in headers}
+    owners = {c.id: c.cell_run_id for c in headers}
     kept_checkpoints: set[int] = set()
     pending = [by_id[i].checkpoint_id for i in keep if by_id[i].checkpoint_id is not None]
     while pending:
@@ -94,16 +94,7 @@ def prune(store: Store, keep_sessions: int, *, dry_run: bool = True, min_age_sec
     plan, runs, checkpoints, tasks, refs = plan_prune(store, keep_sessions)
     if dry_run:
         return plan
-    conn = store.catalog._conn
-    with store.catalog.transaction():
-        for table, column, ids in (
-            ("checkpoint_entries", "checkpoint_id", checkpoints),
-            ("checkpoints", "id", checkpoints),
-            ("cell_runs", "id", runs),
-            ("task_log", "id", tasks),
-        ):
-            # Newest first: a checkpoint's parent is older, and its row must outlive the child's.
-            conn.executemany(f"DELETE FROM {table} WHERE {column} = ?", [(i,) for i in sorted(ids, reverse=True)])
+    store.catalog.delete_rows(cell_runs=runs, checkpoints=checkpoints, tasks=tasks)
     for fingerprint in refs:
         store.objects.ref_delete(TASK_REF_NAMESPACE, fingerprint)
     report = gc(store, dry_run=False, grace_seconds=min_age_seconds)
