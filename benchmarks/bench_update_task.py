@@ -160,8 +160,6 @@ def _worker_pids(client: Any) -> list[int]:
 def run_once(client: Any, cluster: Any, ns: dict[str, Any], mode: str, *, killed: bool, inputs: int,
              input_mb: float, produce_s: float, bins: int, kill_at: int, tag: str) -> Run:
     """One aggregation in a fresh folder (the update plugins are installed)."""
-    from distributed import wait
-
     from nbrewind.tasks import update
 
     n = int(input_mb * 2**20 / 8)

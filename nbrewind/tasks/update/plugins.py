@@ -184,6 +184,14 @@ class _SchedulerSide:
         elif finish in ("erred", "forgotten"):
             asyncio.get_running_loop().call_soon(self._drop, key)
 
+    def restart(self, scheduler: Any) -> None:
+        """Forget every hold: a restart forgets every task (it released the holds' keys already)."""
+        for key in self.records:
+            cs = scheduler.clients.get(hold_name(key))
+            if cs is not None and not cs.wants_what:
+                del scheduler.clients[hold_name(key)]
+        self.records.clear()
+
     # -- RPC handlers -----------------------------------------------------------------------------
 
     def handle_states(self, keys: list[Key], client: str | None = None) -> dict[str, Any]:
