@@ -166,6 +166,9 @@ def default_exclusions() -> list[str]:
     return sorted(roots)
 
 
+_CLUSTER_SCRATCH = ("dask-scratch-space", "dask-worker-space")
+
+
 class FileTracker:
     """Records which files are opened for reading and writing during a cell run.
 
@@ -191,8 +194,12 @@ class FileTracker:
         self._lock = threading.Lock()
 
     def excluded(self, path: str) -> bool:
-        """Whether an absolute ``path`` lies under one of the exclusion roots."""
-        return any(path == root or path.startswith(root + os.sep) for root in self._roots)
+        """Whether an absolute ``path`` lies under one of the exclusion roots, or in the
+        scratch space of a Dask cluster (its lock files and worker directories, wherever
+        ``temporary-directory`` puts them): that follows the cluster, not the notebook."""
+        if any(path == root or path.startswith(root + os.sep) for root in self._roots):
+            return True
+        return any(f"{os.sep}{part}{os.sep}" in path for part in _CLUSTER_SCRATCH)
 
     def clear(self) -> None:
         """Forget what was recorded, to reuse the tracker for another cell run."""

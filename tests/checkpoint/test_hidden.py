@@ -143,6 +143,25 @@ def test_exclusions(tmp_path: Path) -> None:
     assert tracker.excluded(str(store)) and not tracker.excluded(str(tmp_path / "nb.nbrewind2"))
 
 
+def test_a_dask_clusters_scratch_space_is_not_the_notebooks(tmp_path: Path) -> None:
+    """A LocalCluster started in a cell writes lock files and worker directories under
+    dask-scratch-space (in the temp folder, or where temporary-directory says): none of
+    it is the cell's output, and a replay must not make those files again."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    mine = tmp_path / "result.txt"
+    tracker = FileTracker()
+    with dask.config.set({"temporary-directory": str(tmp_path / "scratch")}), tracker.tracking():
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+            with Client(cluster) as client:
+                assert client.submit(sum, [1, 2]).result() == 3
+        mine.write_text("3")
+    assert list((tmp_path / "scratch").rglob("*.lock")), "the cluster wrote no lock file: nothing was tested"
+    assert tracker.writes == {str(mine)}
+    assert not [path for path in tracker.reads if str(tmp_path / "scratch") in path]
+
+
 def test_nothing_is_recorded_outside_the_context(tmp_path: Path) -> None:
     path = tmp_path / "f.txt"
     tracker = FileTracker()
