@@ -361,7 +361,20 @@ def test_handles_are_found_in_task_arguments() -> None:
     assert pickle.loads(pickle.dumps(up.handle("k"))) == up.handle("k")
 
 
-def test_misuse_outside_a_task_and_without_plugins(cluster: LocalCluster, tmp_path: Path) -> None:
+def test_publish_without_a_store_says_where_to_get_one(client: Client) -> None:
+    up.install(client)  # no store, and the task does not run under the task cache
+    with pytest.raises(up.UpdateError, match="publish needs a store every worker can read"):
+        client.submit(NS["publish_once"], "storeless-piece", 3, key="storeless").result(timeout=60)
+
+
+def test_without_the_plugins_the_error_says_to_install_them() -> None:
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as bare, \
+            Client(bare) as c:
+        with pytest.raises(up.UpdateError, match=r"call nbrewind.tasks.update.install\(client\)"):
+            c.submit(NS["publish_once"], "bare-piece", 3, key="bare").result(timeout=30)
+
+
+def test_misuse_outside_a_task(cluster: LocalCluster, tmp_path: Path) -> None:
     with pytest.raises(up.UpdateError, match="inside a Dask task running on a distributed worker"):
         nbrewind.update_task(release=["x"])
     with pytest.raises(up.UpdateError, match="inside a Dask task"):
