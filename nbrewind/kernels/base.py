@@ -114,6 +114,17 @@ class NbrewindKernel(IPythonKernel):
         self.nbrewind.writer.wait_for_backlog(self._backlog_seconds)
         return reply
 
+    def finish_metadata(self, parent: dict[str, Any], metadata: dict[str, Any], reply_content: dict[str, Any]) -> dict[str, Any]:
+        """ipykernel's reply metadata, plus ``nbrewind``: what this kernel did with the
+        request (docs/reply-metadata.md), for execute replies only."""
+        metadata = super().finish_metadata(parent, metadata, reply_content)
+        header = parent.get("header") or {}
+        if header.get("msg_type") == "execute_request":
+            info = self.nbrewind.reply_metadata(header.get("msg_id"))
+            if info is not None:
+                metadata["nbrewind"] = info
+        return metadata
+
     def do_complete(self, code: str, cursor_pos: int | None) -> dict[str, Any]:  # type: ignore[override]
         reply = super().do_complete(code, cursor_pos)
         return self.nbrewind.complete_pending(code, cursor_pos, reply)

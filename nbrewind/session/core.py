@@ -27,6 +27,7 @@ from typing import Any
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.outputs import OutputCapture
 from nbrewind.errors import NbrewindError, UntrustedStoreError
+from nbrewind.session import outcome
 from nbrewind.session.commit import Committer
 from nbrewind.session.notices import Notices
 from nbrewind.session.parts import Parts, open_store, store_location
@@ -86,6 +87,7 @@ class Session:
         self._parts: Parts | None = None
         self._store_failed = False
         self.last: LastCell | None = None
+        self._outcome: tuple[str | None, dict[str, Any]] | None = None
         self.writer = BackgroundWriter()
         self.committer = Committer(self.writer)
         self._task_cache: TaskCache | None = None
@@ -161,7 +163,14 @@ class Session:
         if not silent:
             self.channel.new_request()
             self.unrecordable.clear()  # cleared, not replaced: the Restorer appends to this list
-        if silent or not store_history or not self._ready():
+            self._outcome = (msg_id, outcome.not_recorded("the cell ran as on a plain kernel"))
+        if silent:
+            return CellPlan(record=False)
+        if not store_history:
+            self._outcome = (msg_id, outcome.not_recorded("store_history is off for this request"))
+            return CellPlan(record=False)
+        if not self._ready():
+            self._outcome = (msg_id, outcome.not_recorded("recording is off for this kernel (the kernel log says why)"))
             return CellPlan(record=False)
         for name in self.committer.take_lost():
             self.state.entries.pop(name, None)
@@ -171,6 +180,7 @@ class Session:
             plan = self._opened().keys.plan(code, cell_id, msg_id)
         except Exception as exc:
             self._warn("could not analyse the cell; it is not recorded", exc)
+            self._outcome = (msg_id, outcome.not_recorded(f"NBRewind could not analyse the cell ({type(exc).__name__})"))
             return CellPlan(record=False)
         if plan.replay:
             return plan
@@ -178,6 +188,7 @@ class Session:
             self._start_run(plan)
         except Exception as exc:
             self._warn("could not start recording the cell", exc)
+            self._outcome = (msg_id, outcome.not_recorded(f"NBRewind could not start recording ({type(exc).__name__})"))
             return CellPlan(record=False)
         return plan
 
@@ -207,11 +218,15 @@ class Session:
         if self.unrecordable:
             # A record would replay a failure that was NBRewind's, not the notebook's, or
             # miss an output the cell showed (the notice said which).
+            what = ", ".join(self.unrecordable)
+            self._outcome = (plan.msg_id, outcome.not_recorded(f"NBRewind could not bring back or record: {what}", duration))
             return
         try:
             recorded = recorder.record(plan, reply, outputs, duration, self._task_cache)
             self.last = recorded.last
             self._submit(recorded.run, recorded.staged, recorded.nbytes, recorded.tasks)
+            hits, misses = self._task_cache.stats(recorded.tasks) if self._task_cache is not None else (0, 0)
+            self._outcome = (plan.msg_id, outcome.ran(recorded.last.reason, duration, hits, misses))
             if recorded.unserializable:
                 names = ", ".join(sorted(recorded.unserializable))
                 self.info(f"NBRewind: {names} cannot be stored; a repeat rebuilds it by running this cell.")
@@ -246,7 +261,15 @@ class Session:
         replayed = replayer.send(plan, outputs, started)
         self.last = replayed.last
         self._submit(replayed.run, [], 0)
+        self._outcome = (plan.msg_id, outcome.replayed(plan.reason, replayed.last.seconds, run))
         return replayed.reply
+
+    def reply_metadata(self, msg_id: str | None) -> dict[str, Any] | None:
+        """``metadata.nbrewind`` for the reply to request `msg_id` (see `outcome`); None for
+        a request this session made no decision on (a silent one)."""
+        if self._outcome is None or self._outcome[0] != msg_id:
+            return None
+        return dict(self._outcome[1])
 
     # -- the rest of the kernel's requests ------------------------------------------
 

@@ -1,0 +1,64 @@
+"""What the kernel did with one execute_request, for ``metadata.nbrewind`` of its reply.
+
+Frontends (the JupyterLab extension, VS Code, nbclient users) read this instead of
+parsing logs; docs/reply-metadata.md is the contract. Every value is JSON, small,
+and present in every reply of an NBRewind kernel to a non-silent execute_request:
+
+``decision``   "replayed", "ran" or "not recorded"
+``reason``     why, in words (the same text `%nbrewind why` shows)
+``duration``   seconds this request took in the kernel (replay or run)
+``recorded_duration``, ``saved``
+               for a replay: what the replayed run took, and the difference
+``task_hits``, ``task_misses``
+               Dask tasks loaded from the task cache and computed, for a cell that ran
+``cell_run``   for a replay, the id of the recorded cell run it replayed; None for a
+               cell that ran (its record is written in the background after the reply)
+``recorded``   whether this request leaves a record a repeat can replay
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nbrewind.store import CellRun
+
+__all__ = ["VERSION", "not_recorded", "ran", "replayed"]
+
+VERSION = 1
+
+
+def _base(decision: str, reason: str, duration: float | None, recorded: bool) -> dict[str, Any]:
+    return {
+        "version": VERSION,
+        "decision": decision,
+        "reason": reason,
+        "duration": None if duration is None else round(duration, 6),
+        "recorded_duration": None,
+        "saved": None,
+        "task_hits": 0,
+        "task_misses": 0,
+        "cell_run": None,
+        "recorded": recorded,
+    }
+
+
+def replayed(reason: str, duration: float, run: CellRun) -> dict[str, Any]:
+    """A replay of recorded cell run `run`, which took `duration` seconds."""
+    out = _base("replayed", reason, duration, True)
+    if run.duration is not None:
+        out["recorded_duration"] = round(run.duration, 6)
+        out["saved"] = round(max(0.0, run.duration - duration), 6)
+    out["cell_run"] = run.id
+    return out
+
+
+def ran(reason: str, duration: float, task_hits: int, task_misses: int) -> dict[str, Any]:
+    """A cell that ran and was recorded."""
+    out = _base("ran", reason, duration, True)
+    out["task_hits"], out["task_misses"] = task_hits, task_misses
+    return out
+
+
+def not_recorded(reason: str, duration: float | None = None) -> dict[str, Any]:
+    """A cell that ran as on a plain kernel and left no record."""
+    return _base("not recorded", reason, duration, False)
