@@ -311,6 +311,31 @@ def test_depends_on_holds_a_key_for_the_task_and_its_replacement(client: Client,
     assert up.hold_name("held-task") not in scheduler.clients
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(8))
+def test_killed_at_a_random_moment_redoes_at_most_one_input(client: Client, cluster: LocalCluster,
+                                                           tmp_path: Path, seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    key = f"agg-random-{seed}"
+    agg, keys = _submit(client, tmp_path, key)
+    pids = client.run(os.getpid)
+    # Wait until a random number of inputs were consumed, then a random extra moment.
+    target = rng.randrange(1, N - 1)
+    deadline = time.monotonic() + 30
+    while len(_lines(tmp_path, "consumed.log")) < target and time.monotonic() < deadline:
+        time.sleep(0.002)
+    time.sleep(rng.random() * 0.02)
+    ts = cluster.scheduler.tasks[key]
+    assert ts.state == "processing", "the task finished before the kill: slow it down"
+    os.kill(pids[ts.processing_on.address], signal.SIGKILL)
+    assert agg.result(timeout=60) == EXPECTED
+    consumed = _lines(tmp_path, "consumed.log")
+    assert set(consumed) == set(keys)
+    assert len(consumed) <= N + 1, consumed
+
+
 def test_bad_updates_get_clear_errors(client: Client, tmp_path: Path) -> None:
     x = client.submit(NS["make_input"], 7, size=10, folder=str(tmp_path), key="misuse-x")
     other = client.submit(NS["make_input"], 8, size=10, folder=str(tmp_path), key="misuse-other")
