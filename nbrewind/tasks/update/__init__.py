@@ -7,9 +7,10 @@ takes its place if it has to run again. A shuffle-like task can so drop each
 input as soon as it has consumed it and still survive the loss of its worker: the
 scheduler reschedules the replacement, which resumes from the published pieces.
 
-Inputs that a task consumes one by one are passed to it as :func:`handle` s (by
-name, so the worker does not gather them all before the task starts) and read
-with :func:`fetch`; the scheduler holds them for the task until it releases them.
+Inputs that a task consumes one by one are passed to it by name, as handles
+(:func:`handle`), so the worker does not gather them all before the task starts;
+the task reads each with :func:`fetch`, and the scheduler holds them for it until
+it releases them.
 
 The package: ``plugins`` (the scheduler and worker halves), ``task`` (the task and
 client side). Register the plugins once with :func:`install`.
