@@ -556,3 +556,22 @@ def test_as_completed_bumps_futures_added_after_its_first_bump() -> None:
         # Unbumped, 180 would finish after 100; only tasks run while the gate was
         # open between the two steps (a handful) come before it.
         assert order.index(180) < order.index(100), order[:20]
+
+
+@needs_cluster
+def test_an_as_completed_that_never_blocks_holds_no_finished_futures() -> None:
+    """Futures added to an iterator are remembered until its next blocking step; one that is
+    only read when ready must not keep every finished future (and its data) alive."""
+    from distributed import as_completed
+
+    with one_thread_cluster() as client, enable_auto_priority(client):
+        iterator = as_completed()
+        for i in range(100):
+            future = client.submit(sleep_inc, i, pure=False)
+            future.result()
+            iterator.add(future)
+            deadline = time.monotonic() + 30
+            while iterator.futures and time.monotonic() < deadline:  # until it is tracked as done
+                time.sleep(0.001)
+        assert iterator.count() == 100
+        assert len(priority.auto._unbumped.get(iterator, [])) <= 17

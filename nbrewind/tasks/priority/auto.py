@@ -61,6 +61,7 @@ _enrollers: list[weakref.WeakSet[Any]] = []
 #: Futures added to an as_completed iterator and not bumped yet.
 _unbumped: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 _warned: weakref.WeakSet[Any] = weakref.WeakSet()
+_warned_without_client = False
 #: Bumps in flight (asyncio keeps only weak references to tasks).
 _in_flight: set[Any] = set()
 
@@ -70,13 +71,20 @@ def _enabled_for(client: Any) -> bool:
 
 
 def _warn_once(client: Any, what: str) -> None:
+    """Log ``what`` once per client (once in all for failures tied to no client)."""
+    global _warned_without_client
     with _lock:
-        try:
-            if client in _warned:
+        if client is None:
+            if _warned_without_client:
                 return
-            _warned.add(client)
-        except TypeError:  # not weak-referenceable: warn every time rather than never
-            pass
+            _warned_without_client = True
+        else:
+            try:
+                if client in _warned:
+                    return
+                _warned.add(client)
+            except TypeError:  # not weak-referenceable: warn every time rather than never
+                pass
     logger.warning("NBRewind: %s; waiting without a priority bump", what, exc_info=True)
 
 
@@ -200,7 +208,13 @@ def _patch_distributed(stack: contextlib.ExitStack) -> None:
         futures = list(futures)
         original_update(self, futures)
         with _lock:
-            _unbumped.setdefault(self, []).extend(futures)
+            added = _unbumped.setdefault(self, [])
+            added.extend(futures)
+            # An iterator whose steps never block never pops this list: keep only what it
+            # still waits for, so finished futures (and their data) are not held here.
+            if len(added) > 2 * len(self.futures) + 16:
+                remaining = self.futures
+                added[:] = [f for f in added if f in remaining]
 
     def _bump_next(iterator: Any) -> None:
         if not iterator.queue.empty():
