@@ -286,6 +286,33 @@ def test_requested_task_jumps_the_queue(saturation: float) -> None:
         assert GATE.place(TARGET) < FIRST_PLACES, GATE.order()[:10]
 
 
+def _worker_keys(dask_worker: Any) -> list[Hashable]:
+    return list(dask_worker.state.tasks)
+
+
+def _saturation(dask_scheduler: Any) -> float:
+    return float(dask_scheduler.WORKER_SATURATION)
+
+
+@needs_cluster
+def test_a_bumped_queued_task_is_handed_to_the_worker_at_once() -> None:
+    """With queuing on, the worker already holds the next task it will run; the bumped
+    task is sent to it too, sorts first, and finishes right after the running one."""
+    with one_thread_cluster() as client:
+        futures = client.map(gated, range(N_TASKS))
+        GATE.wait_entered()
+        assert prioritize(futures[TARGET]) == 1
+        key = futures[TARGET].key
+        deadline = time.monotonic() + BUMP_TIMEOUT
+        while not all(key in keys for keys in client.run(_worker_keys).values()):
+            assert time.monotonic() < deadline, "the bumped task never reached the worker"
+            time.sleep(0.01)
+        GATE.open()
+        assert futures[TARGET].result() == TARGET
+        assert GATE.place(TARGET) == 1, GATE.order()[:10]
+        assert client.run_on_scheduler(_saturation) == DEFAULT_SATURATION  # raised only while sending
+
+
 @needs_cluster
 @pytest.mark.parametrize("saturation", SATURATIONS)
 def test_without_a_bump_the_request_waits_its_turn(saturation: float) -> None:

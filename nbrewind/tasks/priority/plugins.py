@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import defaultdict
 from collections.abc import Hashable, Iterable
@@ -199,16 +200,20 @@ class _SchedulerSide:
         if only_if_useful and chosen and not self._others_active(chosen):
             self.auto_noops += 1
             return 0
-        requeue = False
+        queued = []
         by_worker: defaultdict[str, list[Hashable]] = defaultdict(list)
         for ts in chosen:
             ts.priority = head + strip_bump(ts.priority)
             if ts.state == "queued":
-                requeue = True
+                queued.append(ts)
             elif ts.state == "processing" and ts.processing_on is not None:
                 by_worker[ts.processing_on.address].append(ts.key)
-        if requeue:
+        if queued:
             reheap(self.scheduler.queued)
+        if self._arriving:  # inside update_graph: the new tasks are queued once it is done
+            asyncio.get_running_loop().call_soon(self.send_ahead, chosen)
+        elif queued:
+            self.send_ahead(queued)
         if by_worker:
             self.scheduler.send_all(
                 {},
@@ -218,6 +223,39 @@ class _SchedulerSide:
                 },
             )
         return len(chosen)
+
+    def send_ahead(self, tasks: list[Any]) -> None:
+        """Hand queued bumped tasks to workers now: per bump, at most one per thread
+        beyond what the workers already hold.
+
+        With queuing on, each worker already holds its saturation's worth of tasks
+        (two on one thread at distributed's default 1.1), and runs those before any
+        task sent to it later. Sent now, a bumped task sorts first in the worker's
+        ready queue (a later bump before an earlier one) and runs as soon as a thread
+        frees. The scheduler's own queued -> processing transition places them, on
+        the least busy workers, under a saturation raised for the duration of the call.
+        """
+        scheduler = self.scheduler
+        saturation = scheduler.WORKER_SATURATION
+        workers = list(scheduler.running)
+        if math.isinf(saturation) or not workers:
+            return
+        limit = sum(ws.nthreads for ws in workers)
+        ahead = sorted((ts for ts in tasks if ts.state == "queued"), key=lambda ts: ts.priority)[:limit]
+        if not ahead:
+            return
+        stimulus_id = f"nbrewind-priority-{time.time()}"
+        scheduler.WORKER_SATURATION = max(saturation, *(len(ws.processing) / max(ws.nthreads, 1) for ws in workers)) + 1.0
+        try:
+            for ws in workers:
+                scheduler.check_idle_saturated(ws)
+            for ts in ahead:
+                if ts.state == "queued":
+                    scheduler.transitions({ts.key: "processing"}, stimulus_id)
+        finally:
+            scheduler.WORKER_SATURATION = saturation
+            for ws in workers:
+                scheduler.check_idle_saturated(ws)
 
     def _others_active(self, chosen: list[Any]) -> bool:
         """Whether some task not in ``chosen`` is going to run: waiting, queued, without
