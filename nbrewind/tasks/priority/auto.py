@@ -36,7 +36,7 @@ import logging
 import sys
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -176,15 +176,15 @@ def _patch_distributed(stack: contextlib.ExitStack) -> None:
     from distributed import client as client_module
 
     client_cls, future_cls, as_completed = client_module.Client, client_module.Future, client_module.as_completed
-    original_init = client_cls.__init__
-    original_result = future_cls.result
-    original_gather = client_cls.gather
-    original_sync = client_cls.sync
+    original_init: Callable[..., None] = client_cls.__init__
+    original_result: Callable[..., Any] = future_cls.result
+    original_gather: Callable[..., Any] = client_cls.gather
+    original_sync: Callable[..., Any] = client_cls.sync
     wait_impl = client_module._wait
-    futures_of = client_module.futures_of
-    original_update = as_completed.update
-    original_next = as_completed.__next__
-    original_anext = as_completed.__anext__
+    futures_of: Callable[[Any], list[Any]] = client_module.futures_of
+    original_update: Callable[..., None] = as_completed.update
+    original_next: Callable[[Any], Any] = as_completed.__next__
+    original_anext: Callable[[Any], Awaitable[Any]] = as_completed.__anext__
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)

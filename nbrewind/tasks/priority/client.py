@@ -84,8 +84,10 @@ def _resolve_client(obj: Any, client: Client | None) -> Client:
 
     for item in _walk(obj):
         if isinstance(item, Future):
-            return item.client
-    return default_client()
+            found: Client = item.client
+            return found
+    current: Client = default_client()
+    return current
 
 
 def _walk(obj: Any) -> Iterator[Any]:
@@ -102,14 +104,14 @@ def _walk(obj: Any) -> Iterator[Any]:
 
 def _target_keys(obj: Any, client: Client) -> set[Hashable]:
     """The keys of ``obj`` that are (or sit behind) futures of ``client``."""
-    import dask
+    from dask.base import is_dask_collection
     from distributed import Future
 
     keys: set[Hashable] = set()
     for item in _walk(obj):
         if isinstance(item, Future):
             keys.add(item.key)
-        elif dask.is_dask_collection(item):
+        elif is_dask_collection(item):
             keys |= _collection_future_keys(item, client)
         else:
             raise TypeError(f"cannot prioritize {type(item).__name__}: expected futures or Dask collections")
