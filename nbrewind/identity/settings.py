@@ -250,14 +250,16 @@ def _matplotlib_put(snapshot: Any) -> None:
 _MPL_SKIP = frozenset({"backend", "backend_fallback"})
 
 
-DASK_CONFIG_EXCLUDED = frozenset({"scheduler", "get", "pool", "distributed", "temporary-directory"})
+DASK_CONFIG_EXCLUDED = frozenset({"scheduler", "get", "pool", "distributed", "temporary-directory", "nbrewind"})
 """Top-level dask.config keys that are not notebook configuration: which scheduler runs
 (``scheduler``/``get``/``pool``: a live Client sets and unsets them; results must not
 depend on them), the ``distributed`` tree (cluster, comm and dashboard tuning, added
 whole by ``import distributed``; its HTTP routes grow by one entry per scheduler started),
 and ``temporary-directory``, the machine's scratch space (``DASK_TEMPORARY_DIRECTORY``
 often differs per job or per run; a replay must not point a kernel at another run's
-scratch). Measured: two identical runs differ in exactly these."""
+scratch). Measured: two identical runs differ in exactly these. Also ``nbrewind``
+(``nbrewind.auto-priority``, the switch of automatic priority bumps): it changes the
+order work runs in, never a result, so switching it must not miss the task cache."""
 
 
 def _dask_excluded(key: str) -> bool:

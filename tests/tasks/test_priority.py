@@ -469,6 +469,16 @@ def test_the_switch_is_a_dask_config_key_read_at_every_check() -> None:
             assert not auto_priority_enabled()
 
 
+def test_switching_costs_no_task_cache_hits() -> None:
+    """The switch orders work, it never changes a result: task fingerprints do not see it."""
+    from nbrewind.tasks.settings import task_settings
+
+    with dask.config.set({CONFIG_KEY: True}):
+        before = task_settings()
+        set_auto_priority(False)
+        assert task_settings() == before
+
+
 def _patched_attributes() -> dict[str, Any]:
     from distributed.client import as_completed
 

@@ -3,9 +3,10 @@
 The switch lives in ``dask.config`` so that every way of setting Dask options
 works for it: ``dask.config.set({"nbrewind.auto-priority": False})`` in a cell
 (or as a ``with`` block), a YAML file in ``~/.config/dask/``, or the environment
-variable ``DASK_NBREWIND__AUTO_PRIORITY=False`` before the kernel starts. Being a
-dask setting, it is also part of the library settings NBRewind records with
-every cell, so a repeat run switches it exactly where the audited run did.
+variable ``DASK_NBREWIND__AUTO_PRIORITY=False`` before the kernel starts. It
+orders work and never changes a result, so the settings NBRewind records with
+cells and folds into task fingerprints leave the ``nbrewind`` key out
+(``nbrewind.identity.settings.DASK_CONFIG_EXCLUDED``): switching costs no cache hits.
 """
 
 from __future__ import annotations
