@@ -204,7 +204,7 @@ def _builtin_self(obj: object) -> object:
 def _children(obj: object, kind: _Kind) -> list[object]:
     try:
         if kind is _Kind.SEQUENCE:
-            return list(obj)  # type: ignore[call-overload]
+            return list(obj)  # type: ignore[call-overload,no-any-return]
         if kind is _Kind.MAPPING:
             # dict's own items(): a subclass's may do work (a lazy namespace would load everything).
             items = list(dict.items(obj) if isinstance(obj, dict) else obj.items())  # type: ignore[attr-defined]

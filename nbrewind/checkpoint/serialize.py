@@ -121,7 +121,7 @@ class Unserializable:
     members: tuple[str, ...] = ()
 
 
-class _Pickler(cloudpickle.Pickler):
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle has no annotations
     """cloudpickle's pickler that refuses live resources anywhere in the value.
 
     Functions defined in the notebook are reduced to their code, defaults,

@@ -54,7 +54,7 @@ class _HashingPickler:
         owner_, root_ = self.owner, self.root
         met: dict[int, object] = {}
 
-        class _Pickler(cloudpickle.Pickler):
+        class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle has no annotations
             def persistent_id(self, obj: object) -> object:
                 t = type(obj)
                 if t in _PICKLE_NATIVE or obj is root_:

@@ -162,7 +162,8 @@ def _dumps(what: str, obj: Any) -> bytes:
     import cloudpickle
 
     try:
-        return cloudpickle.dumps(obj)
+        data: bytes = cloudpickle.dumps(obj)
+        return data
     except Exception as exc:
         raise TypeError(f"{what} cannot be pickled ({type(exc).__name__}: {exc}); the scheduler keeps it to run "
                         "later on any worker: use functions and arguments that pickle (module-level functions, "
