@@ -14,6 +14,8 @@ from collections import defaultdict
 from collections.abc import Hashable, Iterable
 from typing import Any
 
+from nbrewind.tasks.plugin_classes import lazy_plugin_classes
+
 PLUGIN_NAME = "nbrewind-priority"
 #: RPC operation the scheduler plugin adds to ``Scheduler.handlers``.
 SCHEDULER_OP = "nbrewind_prioritize"
@@ -310,29 +312,8 @@ class _WorkerSide:
             reheap(fetch_heap)
 
 
-_PLUGIN_CLASSES: dict[str, type] = {}
-
-
-def __getattr__(name: str) -> type:
-    """Build ``PrioritySchedulerPlugin`` / ``PriorityWorkerPlugin`` on first access.
-
-    They live at module level under these names so that pickle (which ships the
-    plugins to the scheduler and to worker processes) finds them by reference.
-    """
-    if name not in ("PrioritySchedulerPlugin", "PriorityWorkerPlugin"):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    cls = _PLUGIN_CLASSES.get(name)
-    if cls is None:
-        from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
-
-        logic, base = (
-            (_SchedulerSide, SchedulerPlugin)
-            if name == "PrioritySchedulerPlugin"
-            else (_WorkerSide, WorkerPlugin)
-        )
-        namespace = {"__module__": __name__, "__qualname__": name, "__doc__": logic.__doc__}
-        cls = _PLUGIN_CLASSES[name] = type(name, (logic, base), namespace)
-    return cls
+# Module attributes PrioritySchedulerPlugin and PriorityWorkerPlugin, built on first access.
+__getattr__ = lazy_plugin_classes(__name__, ("PrioritySchedulerPlugin", _SchedulerSide), ("PriorityWorkerPlugin", _WorkerSide))
 
 
 def plugin_class(name: str) -> type:

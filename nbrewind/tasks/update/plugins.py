@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbrewind.errors import NbrewindError
+from nbrewind.tasks.plugin_classes import lazy_plugin_classes
 
 PLUGIN_NAME = "nbrewind-update"
 #: RPC operation the scheduler plugin adds to ``Scheduler.handlers``.
@@ -371,27 +372,8 @@ class _WorkerSide:
         return response
 
 
-_PLUGIN_CLASSES: dict[str, type] = {}
-
-
-def __getattr__(name: str) -> type:
-    """Build ``UpdateSchedulerPlugin`` / ``UpdateWorkerPlugin`` on first access.
-
-    They live at module level under these names so that pickle (which ships the
-    plugins to the scheduler and to worker processes) finds them by reference.
-    """
-    if name not in ("UpdateSchedulerPlugin", "UpdateWorkerPlugin"):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    cls = _PLUGIN_CLASSES.get(name)
-    if cls is None:
-        from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
-
-        logic, base = (
-            (_SchedulerSide, SchedulerPlugin) if name == "UpdateSchedulerPlugin" else (_WorkerSide, WorkerPlugin)
-        )
-        namespace = {"__module__": __name__, "__qualname__": name, "__doc__": logic.__doc__}
-        cls = _PLUGIN_CLASSES[name] = type(name, (logic, base), namespace)
-    return cls
+# Module attributes UpdateSchedulerPlugin and UpdateWorkerPlugin, built on first access.
+__getattr__ = lazy_plugin_classes(__name__, ("UpdateSchedulerPlugin", _SchedulerSide), ("UpdateWorkerPlugin", _WorkerSide))
 
 
 def plugin_class(name: str) -> type:
