@@ -495,7 +495,7 @@ def _trust_notice(store: Path) -> str | None:
 def cmd_demo(args: argparse.Namespace) -> int:
     from nbrewind.demo import format_demo, run_demo
 
-    result = run_demo(args.dir, keep=args.keep)
+    result = run_demo(args.dir, keep=True)  # the folder stays, so the report command printed works
     print(_json(result) if args.json else format_demo(result))
     return 0
 
