@@ -101,9 +101,6 @@ class Committer:
         catalog = store.catalog
         with self._lock:
             parent = self._parent
-        if tasks and task_cache is not None:
-            hits, misses = task_cache.stats(tasks)
-            run = dataclasses.replace(run, task_hits=hits, task_misses=misses)
         with catalog.transaction():
             run_id = catalog.add_cell_run(run)
             checkpoint_id = catalog.add_checkpoint(run_id, parent, entries)

@@ -225,8 +225,8 @@ class Session:
             recorded = recorder.record(plan, reply, outputs, duration, self._task_cache)
             self.last = recorded.last
             self._submit(recorded.run, recorded.staged, recorded.nbytes, recorded.tasks)
-            hits, misses = self._task_cache.stats(recorded.tasks) if self._task_cache is not None else (0, 0)
-            self._outcome = (plan.msg_id, outcome.ran(recorded.last.reason, duration, hits, misses))
+            run = recorded.run
+            self._outcome = (plan.msg_id, outcome.ran(recorded.last.reason, duration, run.task_hits or 0, run.task_misses or 0))
             if recorded.unserializable:
                 names = ", ".join(sorted(recorded.unserializable))
                 self.info(f"NBRewind: {names} cannot be stored; a repeat rebuilds it by running this cell.")

@@ -11,6 +11,7 @@ writes, and returns the cell-run record with what the committer must write.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Mapping
@@ -168,6 +169,9 @@ class Recorder:
             deletes=sorted(result.deleted),
             bytes_written=draft.written,
         )
+        if tasks and task_cache is not None:
+            hits, misses = task_cache.stats(tasks)
+            run = dataclasses.replace(run, task_hits=hits, task_misses=misses)
         last = LastCell(count, "executed", reason, duration, draft.written, result.seconds)
         return Recorded(run, draft.staged, draft.written, tasks, last, draft.unserializable)
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nbrewind.store.maintenance import du
-from nbrewind.store.report import LogRow, cell_log, sessions
+from nbrewind.store.report import LogRow, cell_log, sessions, trust_of
 from nbrewind.store.store import Store
 from nbrewind.store.walk import records, walk
 
@@ -67,14 +67,7 @@ def _short_reason(reason: str | None) -> str:
 
 def report_data(store: Store) -> ReportData:
     """Read the catalog and walk the objects once; unpickles nothing."""
-    from nbrewind.errors import StoreError
-    from nbrewind.store.origin import store_trust
-
-    try:
-        verdict = store_trust(store.root)
-        trusted, trust_reason = verdict.trusted, verdict.reason
-    except StoreError as exc:
-        trusted, trust_reason = False, str(exc)
+    trusted, trust_reason = trust_of(store)
     all_rows = cell_log(store)
     by_session: dict[str | None, list[LogRow]] = {}
     for row in all_rows:

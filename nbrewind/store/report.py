@@ -293,17 +293,23 @@ def sessions(store: Store) -> list[SessionInfo]:
     return out
 
 
-def store_status(store: Store) -> StoreStatus:
-    """Trust, writes in flight, the newest session and the size on disk; reads no object."""
+def trust_of(store: Store) -> tuple[bool, str]:
+    """Whether this user trusts `store`, and why (a catalog that cannot be read is not trusted)."""
     from nbrewind.errors import StoreError
-    from nbrewind.store.fsio import TEMP_PREFIX
     from nbrewind.store.origin import store_trust
 
     try:
         verdict = store_trust(store.root)
-        trusted, reason = verdict.trusted, verdict.reason
     except StoreError as exc:
-        trusted, reason = False, str(exc)
+        return False, str(exc)
+    return verdict.trusted, verdict.reason
+
+
+def store_status(store: Store) -> StoreStatus:
+    """Trust, writes in flight, the newest session and the size on disk; reads no object."""
+    from nbrewind.store.fsio import TEMP_PREFIX
+
+    trusted, reason = trust_of(store)
     temp = stored = objects = 0
     for folder, _dirs, files in os.walk(store.root):
         for name in files:
