@@ -223,6 +223,7 @@ class Session:
             return
         try:
             recorded = recorder.record(plan, reply, outputs, duration, self._task_cache)
+            self.state.mark_used(plan.reads, plan.code_digest, recorded.run.inputs or {})
             self.last = recorded.last
             self._submit(recorded.run, recorded.staged, recorded.nbytes, recorded.tasks)
             run = recorded.run
@@ -259,6 +260,7 @@ class Session:
             self._start_run(plan)
             return None
         replayed = replayer.send(plan, outputs, started)
+        self.state.mark_used(run.reads or (), plan.code_digest, run.inputs or {})
         self.last = replayed.last
         self._submit(replayed.run, [], 0)
         self._outcome = (plan.msg_id, outcome.replayed(plan.reason, replayed.last.seconds, run))

@@ -18,6 +18,7 @@ from nbrewind.session import outside, policy, pseudo
 from nbrewind.session.matching import Match, find_match
 from nbrewind.session.plan import CellPlan, FunctionView, Paths, RngLedger, env_key
 from nbrewind.session.pseudo import ABSENT, Pseudo
+from nbrewind.session.state import UNSERIALIZABLE
 from nbrewind.store.digest import digest_bytes
 
 if TYPE_CHECKING:
@@ -133,6 +134,10 @@ class Keys:
             return digest_bytes("\n".join(sorted(user_names(self._shell))).encode())
         return ABSENT
 
+    def _is_pending(self, name: str) -> bool:
+        ns = self._shell.user_ns
+        return isinstance(ns, LazyNamespace) and ns.is_pending(name)
+
     def current_key(self, name: str) -> str:
         """The key an input of a recorded run has now: a name's, or a pseudo-input's."""
         return self.hidden_key(name) if pseudo.is_pseudo(name) else self.key(name)
@@ -145,7 +150,10 @@ class Keys:
             lambda: catalog.find_cell_runs(plan.code_digest),
             lambda: plan.cell_id is not None and catalog.has_cell_id(plan.cell_id),
             self.current_key,
+            self._is_pending,
         )
         plan.reason = result.reason
         if isinstance(result, Match):
             plan.replay, plan.match = True, result.run
+            entries = self._state.entries
+            plan.resources = sorted(n for n in plan.reads if (e := entries.get(n)) is not None and e.kind == UNSERIALIZABLE)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from nbrewind.session import outside, policy, pseudo
 from nbrewind.session.plan import CellPlan
-from nbrewind.session.state import UNSERIALIZABLE, Entry
+from nbrewind.session.state import UNSERIALIZABLE, Entry, replayable_resource
 from nbrewind.store.catalog import CellRun
 
 __all__ = ["Match", "Miss", "find_match", "first_changed_input"]
@@ -41,12 +41,22 @@ def find_match(
     recorded_runs: Callable[[], Iterable[CellRun]],
     had_cell: Callable[[], bool],
     current_key: Callable[[str], str],
+    is_pending: Callable[[str], bool] = lambda name: False,
 ) -> Match | Miss:
     """The run of ``plan``'s code to replay, or why there is none.
 
     ``recorded_runs()`` lists the recorded runs of the same code, newest last;
     ``had_cell()`` says whether this cell id was ever recorded (so a new digest
-    reads "code changed"); ``current_key(name)`` is an input's key now.
+    reads "code changed"); ``current_key(name)`` is an input's key now;
+    ``is_pending(name)`` says whether a name is still only a record (not loaded or made).
+
+    A cell may read a value that cannot be stored (a Dask client, a lock) and still
+    replay, if that value is still pending and its key names the recorded cell run that
+    made it: then every cell that touched it so far replayed from records too, so it is
+    as the recorded run found it, and the replay only defers this cell's effect on it
+    (the `Rebuilder` runs the deferred cells, in order, when a cell that runs needs it).
+    Once made, it lives in the kernel and its state cannot be compared: cells that read
+    it run.
     """
     effects = plan.effects
     assert effects is not None
@@ -54,7 +64,10 @@ def find_match(
         return Miss("reads IPython output history (_, Out, In)")
     if effects.syntax_error:
         return Miss("syntax error")
-    unstorable = sorted(n for n in plan.reads if (e := entries.get(n)) is not None and e.kind == UNSERIALIZABLE)
+    unstorable = sorted(
+        n for n in plan.reads
+        if (e := entries.get(n)) is not None and e.kind == UNSERIALIZABLE and not (replayable_resource(e) and is_pending(n))
+    )
     if unstorable:
         return Miss(f"reads {', '.join(unstorable)}, whose state cannot be stored or compared")
     if "get_ipython" in effects.reads:

@@ -37,6 +37,8 @@ class CellPlan:
     reads: set[str] = field(default_factory=set)
     inputs: dict[str, str] = field(default_factory=dict)
     match: CellRun | None = None
+    resources: list[str] = field(default_factory=list)
+    """Pending unstorable values the matched cell reads (its effect on them is deferred)."""
     reason: str = ""
     started: float = 0.0
     rng_before: dict[str, str] = field(default_factory=dict)

@@ -6,6 +6,13 @@ content (it is stored again, which repairs the store). A value that could never 
 stored (a lock, a Dask client) is rebuilt the same way from the record its cell left.
 Either way the cell runs in a scratch namespace, with the RNG states, environment and
 working directory of that moment, and the process is left as it was found.
+
+An unstorable value is a resource with a recorded life: the cell that made it and the
+cells that used it. On repeat, cells that made or used one while it was still pending
+replayed from their records and were deferred here (`defer`); the first cell that runs
+and needs one runs the deferred cells, in notebook order, in one world of made-again
+objects (`replay_life`), so a cluster that is closed by the notebook's last cell is never
+started, and one that is needed is what the recorded cells left it.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import contextlib
 import io
 import os
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nbrewind.checkpoint import hidden
@@ -33,9 +41,22 @@ if TYPE_CHECKING:
     from nbrewind.session.writer import BackgroundWriter
     from nbrewind.store.catalog import Catalog
 
-__all__ = ["Rebuilder"]
+__all__ = ["Deferred", "Rebuilder"]
 
 _MAX_REGENERATION_DEPTH = 50
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A replayed cell run that made or used a pending resource: to run again, in order,
+    when a resource is needed live."""
+
+    code: str
+    """The cell's code as IPython runs it (transformed)."""
+    checkpoint_id: int
+    """The recorded run's checkpoint: what it left; its parent is the state it started from."""
+    failed: bool
+    """The recorded run ended in an error (it may raise again; what it did before counts)."""
 
 
 class Rebuilder:
@@ -61,6 +82,61 @@ class Rebuilder:
         # taken when the session opens, before the first cell.
         self._initial_settings = settings_registry.capture_settings(s.name for s in settings_registry.REGISTRY)
         self._making: set[str] = set()
+        self._deferred: list[Deferred] = []
+        # Unstorable values made again, by the digest of their entry: one object per recorded
+        # resource, shared by every re-run that reads it (futures find the client made for them).
+        self._made: dict[str, Any] = {}
+        self._replaying = False
+
+    # -- resources: deferred cells ---------------------------------------------------
+
+    def defer(self, step: Deferred) -> None:
+        """Remember a replayed cell run that made or used a pending resource."""
+        self._deferred.append(step)
+
+    def deferred(self) -> list[Deferred]:
+        return list(self._deferred)
+
+    def forget_made(self, digest: str) -> None:
+        """A resource's entry is bound again (its cell replayed again): the next use makes a new one."""
+        self._made.pop(digest, None)
+
+    def replay_life(self) -> None:
+        """Run every deferred cell run, in order, each from the state it started from, with
+        the resources it read as the earlier ones left them (see the module docstring)."""
+        if self._replaying or not self._deferred:
+            return
+        steps, self._deferred = self._deferred, []
+        self._writer.flush()
+        catalog = self._catalog
+        self._notices.info(
+            f"NBRewind: bringing back values that cannot be stored (a Dask client, a lock...) by re-running "
+            f"{len(steps)} replayed cell{'s' if len(steps) != 1 else ''} that made or used them; their side effects happen again"
+        )
+        self._replaying = True
+        try:
+            for step in steps:
+                after = catalog.checkpoint_entries(step.checkpoint_id)
+                parent = catalog.get_checkpoint(step.checkpoint_id).parent_id
+                before = catalog.checkpoint_entries(parent) if parent is not None else {}
+                scratch = self._rerun(step.code, before, "<nbrewind re-run of a replayed cell>", failed=step.failed)
+                for name, (digest, meta) in after.items():
+                    if meta.get("kind") == UNSERIALIZABLE and dict.__contains__(scratch, name):
+                        self._made[digest] = dict.__getitem__(scratch, name)
+        finally:
+            self._replaying = False
+
+    def _made_for(self, name: str, entry: Entry) -> dict[str, Any] | None:
+        """`name` and the kernel's other pending resources already made again, or None."""
+        if entry.digest not in self._made:
+            return None
+        made = {name: self._made[entry.digest]}
+        ns = self._shell.user_ns
+        if isinstance(ns, LazyNamespace):
+            for other, token in ns.pending().items():
+                if isinstance(token, Entry) and token.kind == UNSERIALIZABLE and token.digest in self._made:
+                    made.setdefault(other, self._made[token.digest])
+        return made
 
     def _producer(self, name: str, entry: Entry) -> tuple[str, dict[str, Any], bool] | None:
         """The newest of `_producers`, or None."""
@@ -164,6 +240,8 @@ class Rebuilder:
         def load(member: str, token: Any) -> dict[str, Any]:
             item: Entry = token
             if item.kind == UNSERIALIZABLE:
+                if item.digest in self._made:
+                    return {member: self._made[item.digest]}
                 return {member: self.rebuild(member, item)[member]}
             try:
                 values = self._state.load(item, namespace=scratch)
@@ -229,7 +307,13 @@ class Rebuilder:
         it originally ran (see `_rerun`). `name` is taken from the scratch
         namespace, and so is every other pending value the same cell run made
         (a cluster and its client come back together, from one re-run).
+
+        Deferred cells (`defer`) run first: the value may be one they made or changed.
         """
+        self.replay_life()
+        made_again = self._made_for(name, entry)
+        if made_again is not None:
+            return made_again
         self._writer.flush()
         parent: str | None = None
         try:
@@ -269,6 +353,8 @@ class Rebuilder:
                         continue  # its own rebuild will find its way
                     if twin.get("code") == code and twin.get("parent_entries") == parent:
                         made[other] = dict.__getitem__(scratch, other)
+                        self._made[token.digest] = made[other]
+        self._made[entry.digest] = made[name]
         return made
 
 

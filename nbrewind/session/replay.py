@@ -18,7 +18,8 @@ from nbrewind.checkpoint.outputs import decode_outputs, for_replay
 from nbrewind.session import policy
 from nbrewind.session.plan import CellPlan, Emit, LastCell, RngLedger
 from nbrewind.session.pseudo import ABSENT
-from nbrewind.session.state import HIDDEN, Entry
+from nbrewind.session.rebuild import Deferred
+from nbrewind.session.state import HIDDEN, UNSERIALIZABLE, Entry
 
 if TYPE_CHECKING:
     from nbrewind.session.recorder import Recorder
@@ -85,6 +86,10 @@ class Replayer:
         # State first, outputs second: if binding fails, nothing was shown and the cell
         # simply runs (recomputing the names it writes).
         self._restorer.apply(entries, run.writes or [], run.deletes or [])
+        makes = any(entries[n].kind == UNSERIALIZABLE for n in run.writes or () if n in entries)
+        if plan.resources or makes:
+            # Its effect on what cannot be stored happens when a cell that runs needs it.
+            self._restorer.defer(Deferred(plan.transformed or plan.code, run.checkpoint_id, run.status == "error"))
         for line in policy.magic_lines_to_rerun(plan.transformed):
             # Kernel state a magic set up (a plotting backend) is not a value to restore.
             exec(compile(line, "<nbrewind replayed magic>", "exec", dont_inherit=True), self._shell.user_ns)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from nbrewind.session.notices import Notices
     from nbrewind.session.outside import Outside
     from nbrewind.session.plan import Paths, RngLedger
-    from nbrewind.session.rebuild import Rebuilder
+    from nbrewind.session.rebuild import Deferred, Rebuilder
     from nbrewind.session.state import LiveState
     from nbrewind.session.writer import BackgroundWriter
     from nbrewind.store.catalog import Catalog
@@ -85,6 +85,10 @@ class Restorer:
             if (name in wanted or (kind.startswith("distributed.") and kind.endswith("Client"))) and ns.is_pending(name):
                 ns.materialize(name)
 
+    def defer(self, step: Deferred) -> None:
+        """A replayed cell made or used a pending resource: see `Rebuilder.defer`."""
+        self._rebuilder.defer(step)
+
     def apply_pending_rng(self) -> None:
         for which, entry in list(self._rng.pending.items()):
             state = load_group(self._state.objects, entry.digest)["state"]
@@ -124,6 +128,8 @@ class Restorer:
                 if isinstance(ns, LazyNamespace):
                     ns.set_pending(name, entry)
                     state.forget(name)
+                    if entry.kind == UNSERIALIZABLE:
+                        self._rebuilder.forget_made(entry.digest)  # bound again: a new one is made
                 elif entry.kind == UNSERIALIZABLE:
                     value = self._rebuilder.rebuild(name, entry)[name]
                     ns[name] = value

@@ -69,6 +69,32 @@ def value_key(value_digest: str, group: tuple[str, ...]) -> str:
     return digest_bytes(("v1|" + value_digest + "|" + ",".join(group)).encode())
 
 
+def resource_key(
+    record_digest: str, why: Unserializable, group: tuple[str, ...], *, made_by: bool
+) -> tuple[str, tuple[str, ...], dict[str, Any]]:
+    """Key, group and extra of an unstorable value's entry (a resource: a client, a lock).
+
+    With a record of the cell that made it (`made_by`), the key names that record (its code
+    and the state it started from): two resources are the same input only if the same
+    cell run made them. Without one, the key is the type alone, which no replay may trust
+    (`replayable_resource` is False for it).
+    """
+    extra: dict[str, Any] = {"type": why.type_name, "reason": why.reason}
+    if made_by:
+        return digest_bytes(("resource|" + record_digest).encode()), group, {**extra, MADE_BY: True}
+    return digest_bytes(("unserializable|" + why.type_name).encode()), group, extra
+
+
+MADE_BY = "made_by"
+"""Entry extra of a resource whose key names the cell run that made it."""
+
+
+def replayable_resource(entry: Entry) -> bool:
+    """Whether a cell that reads this unstorable value may be replayed while it is still
+    pending: its key says which recorded cell run made it (see `resource_key`)."""
+    return entry.kind == UNSERIALIZABLE and bool(entry.extra.get(MADE_BY))
+
+
 @dataclass
 class CheckpointResult:
     """What one checkpoint changed and cost."""
@@ -101,6 +127,21 @@ class LiveState:
         """Record that `name` is bound to `value`, as stored in its entry."""
         self._last[name] = value
         self._index(name, value)
+
+    def mark_used(self, reads: Iterable[str], code_digest: str, inputs: Mapping[str, str]) -> None:
+        """A cell run (recorded or replayed) read these names: every unstorable one it did
+        not bind anew gets a key that says so, so a later cell keys on the resource's whole
+        life (made by one run, used by these), never only on the run that made it.
+
+        `inputs` are the run's recorded input keys: a replay's are the recorded run's, so
+        a replayed cell leaves the key the recorded one left."""
+        for name in reads:
+            entry = self.entries.get(name)
+            if entry is None or entry.kind != UNSERIALIZABLE or inputs.get(name) != entry.key:
+                continue
+            listed = "|".join(f"{k}={v}" for k, v in sorted(inputs.items()))
+            used = digest_bytes(("used|" + code_digest + "|" + listed).encode())
+            self.entries[name] = Entry(entry.digest, entry.kind, used, entry.group, entry.extra)
 
     def forget(self, name: str) -> None:
         """Drop what is known about `name`'s current object (it is pending, deleted or lost)."""
@@ -268,9 +309,7 @@ class LiveState:
                 entry = Entry(
                     staged_doc.digest,
                     UNSERIALIZABLE,
-                    digest_bytes(("unserializable|" + result.type_name).encode()),
-                    (n,),
-                    {"type": result.type_name, "reason": result.reason},
+                    *resource_key(staged_doc.digest, result, (n,), made_by=parent is not None),
                 )
                 unser[n] = result
             else:

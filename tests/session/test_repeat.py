@@ -184,18 +184,25 @@ def test_the_checkpoint_after_a_restore_continues_from_the_restored_one(runner: 
     assert runner.ns["w"] == 11
 
 
-def test_unstorable_values_are_rebuilt_from_their_cell_only_when_used(runner: Runner) -> None:
+def test_unstorable_values_are_rebuilt_from_their_recorded_life_only_when_used(runner: Runner) -> None:
+    """A cell that uses a lock still pending replays (its use is deferred); a cell that runs
+    and needs the lock makes it again from its recorded life: the cell that made it, from
+    the state it started from (n == 2, not today's 5), then the replayed cell that used it."""
     cells = ["import threading", "n = 2", "lock = threading.Semaphore(n)", "n = 5", "z = 1", "ok = lock.acquire(blocking=False)"]
+    probe = "ok2 = lock.acquire(blocking=False) and not lock.acquire(blocking=False)"
     runner.run(cells)
     out = runner.run(cells, "repeat")
-    assert decisions(out) == ["R"] * 5 + ["E"]  # the last cell reads the lock: never replayed
+    assert decisions(out) == ["R"] * 6
+    assert runner.ns.is_pending("lock") and runner.ns["ok"] is True
+    assert runner.cell(probe).decision == "executed"
+    # One of the two permits was taken by the replayed cell, as in a fresh run.
+    assert runner.ns["ok2"] is True and runner.ns["n"] == 5
+    assert runner.session is not None and any("re-running 2 replayed cells" in line for line in runner.session.infos)
+    # Without the cell that used it, the lock comes back with both permits.
     runner.run(cells[:5], "repeat")
     assert runner.ns.is_pending("lock")
-    out = [runner.cell("ok2 = lock.acquire(blocking=False) and lock.acquire(blocking=False) and not lock.acquire(blocking=False)")]
-    assert out[0].decision == "executed" and "cannot be stored" in out[0].reason
-    # Rebuilt from the state before its cell ran (n == 2), not from today's n == 5.
-    assert runner.ns["ok2"] is True and runner.ns["n"] == 5
-    assert runner.session is not None and any("rebuilding 'lock'" in line for line in runner.session.infos)
+    runner.cell(probe)
+    assert runner.ns["ok2"] is False
 
 
 def test_with_open_cells_replay(runner: Runner) -> None:
@@ -265,7 +272,7 @@ def test_rebuilding_an_unstorable_value_leaves_the_global_rng_as_a_fresh_run_wou
     probe = "held = lock.locked()\nv = random.random()"
     runner.run([*cells, probe])
     fresh_v = runner.ns["v"]
-    out = runner.run([*cells, probe], "repeat")
+    out = runner.run([*cells, probe + "\nedited = 1"], "repeat")
     assert [o.decision for o in out][:4] == ["replayed"] * 4 and out[4].decision == "executed"
     assert runner.ns["v"] == fresh_v and runner.ns["held"] is False
 
@@ -291,3 +298,40 @@ def test_a_deleted_catalog_is_reported_and_recording_starts_again(runner: Runner
         assert len(store.catalog.cell_runs()) == 5
         assert objects_before <= set(store.objects.iter_digests())
     assert decisions(runner.run(BASE, "repeat")) == ["R"] * 5
+
+
+@pytest.mark.cluster
+def test_a_cluster_nobody_needs_is_never_started_and_one_needed_comes_back_as_its_cells_left_it(runner: Runner) -> None:
+    """Cells that use a client and its futures while they are still only records replay,
+    the closing cell too: an unchanged repeat starts no cluster. An edited cell that needs
+    the futures gets them from the cluster cell and the cell that submitted them, re-run in
+    order on one cluster, and the closing cell, which now reads a live client, runs."""
+    import distributed
+
+    cells = [
+        "from distributed import Client, LocalCluster",
+        "cluster = LocalCluster(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=':0')\nclient = Client(cluster)",
+        "def inc(v):\n    return v + 1",
+        "futs = client.map(inc, range(5))",
+        "total = sum(client.gather(futs))\nprint(total)",
+        "client.close()\ncluster.close()",
+    ]
+    runner.run(cells)
+    assert runner.ns["total"] == 15
+    before = {id(c) for c in distributed.Client._instances}
+    out = runner.run(cells, "repeat")
+    assert decisions(out) == ["R"] * 6
+    assert all(runner.ns.is_pending(n) for n in ("cluster", "client", "futs"))
+    assert {id(c) for c in distributed.Client._instances} <= before  # no client was made
+    edited = [*cells[:4], "total = sum(client.gather(futs)) * 10\nprint(total)", cells[5]]
+    try:
+        out = runner.run(edited, "repeat")
+        assert decisions(out) == ["R"] * 4 + ["E", "E"]
+        assert runner.ns["total"] == 150
+        assert dict.__getitem__(runner.ns, "futs")[0].client is dict.__getitem__(runner.ns, "client")  # one cluster
+        assert runner.ns["client"].status == "closed"
+    finally:
+        for name in ("client", "cluster"):
+            value = dict.get(runner.ns, name)
+            if value is not None:
+                value.close()
