@@ -7,21 +7,53 @@ The temporary file is removed on any ``BaseException``, including
 ``KeyboardInterrupt``. A process killed with SIGKILL can leave a temporary file
 behind, never a partial final file; temporaries start with ``TEMP_PREFIX`` so
 every listing skips them and ``gc`` can remove stale ones.
+
+Deferred durability. Inside :func:`deferred_sync` (a thread's task-result writes)
+files are renamed into place without their fsyncs: still atomic, but a power loss
+may leave one empty or missing. Such writes append a byte to ``UNSYNCED_MARKER`` in the store
+after their rename and carry ``DEFERRED_MODE_BIT`` in their file mode.
+:func:`durability_barrier` makes them durable with one ``syncfs`` of the store's
+filesystem, and must run before any catalog row that could point at them is
+committed. It syncs when the marker grew since this process last synced, or when
+:func:`note_suspect` reported that a put found a deferred file present: the
+deduplication trap, where a checkpoint ``put`` that finds a task-written object
+writes nothing, so its own fsync never covers it. Neither test reads a clock.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import os
 import secrets
-from collections.abc import Iterable
+import stat
+import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from nbrewind.errors import ReadOnlyStoreError, StoreError, StoreFullError
 
-__all__ = ["TEMP_PREFIX", "atomic_write", "fsync_dir", "store_error_from_os"]
+__all__ = [
+    "DEFERRED_MODE_BIT", "TEMP_PREFIX", "UNSYNCED_MARKER", "atomic_write", "deferred_sync", "durability_barrier",
+    "fsync_dir", "is_deferred_mode", "note_suspect", "store_error_from_os", "sync_is_deferred",
+]
 
 TEMP_PREFIX = ".tmp-"
+UNSYNCED_MARKER = ".unsynced"
+"""File in a store's root that grows by one byte with every deferred (unsynced) write."""
+DEFERRED_MODE_BIT = stat.S_IXUSR
+"""Set in the mode of a file a deferred write made: a put that finds it present cannot
+tell whether a barrier has covered it yet, so it makes the next barrier sync."""
+_MARKER_LIMIT = 1 << 20
+_NEVER = (-1, -1)
+
+_local = threading.local()
+_barrier_lock = threading.Lock()
+# Per store root: the marker's (inode, size) when this process last synced, and
+# whether a put since then met a deferred object.
+_synced_marker: dict[str, tuple[int, int] | None] = {}
+_suspect: set[str] = set()
 
 _FULL = {errno.ENOSPC, errno.EDQUOT}
 _READONLY = {errno.EROFS, errno.EACCES, errno.EPERM}
@@ -62,8 +94,12 @@ def atomic_write(
 
     ``sync_dir=False`` skips the fsync of the parent folder; a caller writing
     many files into few folders then syncs each folder once with :func:`fsync_dir`.
+    Inside :func:`deferred_sync` neither fsync happens (see the module docstring).
     Full-disk and read-only failures raise StoreFullError / ReadOnlyStoreError.
     """
+    deferred: Path | None = getattr(_local, "root", None)
+    if deferred is not None:
+        mode |= DEFERRED_MODE_BIT
     folder = path.parent
     tmp = folder / f"{TEMP_PREFIX}{path.name}-{os.getpid()}-{secrets.token_hex(4)}"
     try:
@@ -75,10 +111,13 @@ def atomic_write(
         try:
             for piece in pieces:
                 _write_all(fd, piece)
-            os.fsync(fd)
+            if deferred is None:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
+        if deferred is not None:
+            _note_deferred(deferred)
     except BaseException as exc:
         try:
             tmp.unlink()
@@ -94,9 +133,113 @@ def atomic_write(
 
 
 def fsync_dir(folder: Path) -> None:
-    """fsync a folder so renames into it survive a power loss."""
+    """fsync a folder so renames into it survive a power loss (skipped inside :func:`deferred_sync`)."""
+    if getattr(_local, "root", None) is not None:
+        return
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# -- deferred durability ----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def deferred_sync(root: Path) -> Iterator[None]:
+    """Within the block, this thread's writes into the store at ``root`` skip their
+    fsyncs; :func:`durability_barrier` later makes them durable all at once."""
+    before = getattr(_local, "root", None)
+    _local.root = Path(root)
+    try:
+        yield
+    finally:
+        _local.root = before
+
+
+def sync_is_deferred() -> bool:
+    """Whether this thread is inside :func:`deferred_sync`."""
+    return getattr(_local, "root", None) is not None
+
+
+def is_deferred_mode(mode: int) -> bool:
+    """Whether a file with this ``st_mode`` was written by a deferred write (and may
+    not be durable yet)."""
+    return bool(mode & DEFERRED_MODE_BIT)
+
+
+def _note_deferred(root: Path) -> None:
+    # One byte per deferred write: the marker's (inode, size) changes with every one of
+    # them, which no coarse or skewed clock can hide from the barrier.
+    try:
+        fd = os.open(root / UNSYNCED_MARKER, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except FileNotFoundError:
+        return  # no store there: the write itself failed already
+    try:
+        os.write(fd, b".")
+    finally:
+        os.close(fd)
+
+
+def note_suspect(root: Path) -> None:
+    """Report that an object of the store at ``root`` was found present but may not be
+    durable: the next :func:`durability_barrier` syncs."""
+    _suspect.add(_key(root))
+
+
+def _key(root: Path) -> str:
+    return os.path.abspath(root)
+
+
+def _syncfs(fd: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.syncfs(fd) == 0:
+            return
+    except (OSError, AttributeError):
+        pass  # no syncfs (not Linux): sync everything
+    os.sync()
+
+
+def _marker_state(root: Path) -> tuple[int, int] | None:
+    try:
+        info = os.stat(Path(root) / UNSYNCED_MARKER)
+    except FileNotFoundError:
+        return None
+    return info.st_ino, info.st_size
+
+
+def durability_barrier(root: Path) -> bool:
+    """Make every deferred write into the store at ``root`` durable (one ``syncfs``), if
+    any may be pending; return whether it synced.
+
+    Call it before committing catalog rows that may name task results or objects a
+    put found present. It syncs when a deferred write (of any process on this
+    machine) landed since this process last synced, or when a put or lookup of this
+    process found a deferred object present. A write on another machine (a shared
+    filesystem) is not covered: writers there do not defer (`nbrewind.tasks.cache`).
+    """
+    key = _key(root)
+    with _barrier_lock:
+        state = _marker_state(root)
+        if state is None or state == _synced_marker.get(key, _NEVER):
+            if key not in _suspect:
+                return False
+        _suspect.discard(key)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            _syncfs(fd)
+        finally:
+            os.close(fd)
+        # Observed before the sync, so every deferred write it counts is covered.
+        _synced_marker[key] = state
+        if state is not None and state[1] > _MARKER_LIMIT:
+            try:
+                os.unlink(Path(root) / UNSYNCED_MARKER)
+            except OSError:
+                pass
+            else:
+                # A writer may have appended to the old file after the sync: sync once more next time.
+                _suspect.add(key)
+        return True

@@ -33,7 +33,7 @@ from nbrewind.errors import (
 )
 from nbrewind.store import frame
 from nbrewind.store.digest import digest_bytes, is_digest
-from nbrewind.store.fsio import TEMP_PREFIX, atomic_write
+from nbrewind.store.fsio import TEMP_PREFIX, atomic_write, durability_barrier, is_deferred_mode, note_suspect
 from nbrewind.store.object_refs import RefsMixin
 from nbrewind.store.staging import StagedBlob, StagingMixin, _Held
 from nbrewind.store.trees import (
@@ -183,13 +183,18 @@ class ObjectStore(StagingMixin, RefsMixin):
             # judge it nor replace it.
             return frame.KIND_LEAF if os.path.exists(name) else None
         try:
-            stored = os.fstat(fd).st_size
+            info = os.fstat(fd)
+            stored = info.st_size
             raw = os.pread(fd, stored if stored <= REHASH_LIMIT else frame.HEADER_SIZE + _ZSTD_HEAD, 0)
             header = checked_header(raw, stored, size)
             if header is None:
                 return None
             if len(raw) == stored and not content_matches(header, raw, name[-33:-31] + name[-30:]):
                 return None
+            if is_deferred_mode(info.st_mode):
+                # Maybe a deferred task-result write: the put that finds it writes (and
+                # fsyncs) nothing, so the next barrier must cover it.
+                note_suspect(self.root)
             try:
                 os.utime(fd)
             except OSError:
@@ -216,6 +221,11 @@ class ObjectStore(StagingMixin, RefsMixin):
         atomic_write(path, (header, encoded))
         self._count(header, encoded)
         return digest
+
+    def barrier(self) -> bool:
+        """Make every deferred write into this store durable before a catalog row may
+        name it (`nbrewind.store.fsio.durability_barrier`); return whether it synced."""
+        return durability_barrier(self.root)
 
     # -- reading -------------------------------------------------------------
 
@@ -266,6 +276,11 @@ class ObjectStore(StagingMixin, RefsMixin):
     def has(self, digest: str) -> bool:
         """Whether an object file named ``digest`` exists (not verified)."""
         return self.path_of(digest).is_file()
+
+    def has_sound(self, digest: str) -> bool:
+        """Whether the object is there and looks sound: its header decodes and its length
+        agrees (a small object is re-hashed too); refreshes its mtime like ``put``."""
+        return self._present_kind(self.path_of(digest)) is not None
 
     def verify(self, digest: str, *, move_corrupt: bool = True) -> None:
         """Re-read and re-hash the object; raise CorruptObjectError if it is damaged

@@ -12,11 +12,20 @@ decide hits and to fill the task log.
 The functions a rewritten graph calls (:func:`load_result`,
 :func:`compute_and_store`) run on Dask workers: they open the store by absolute
 path (once per process) and never let a cache problem fail the user's task.
+
+Writes are cheap: of the tasks of a graph that share a fingerprint only one
+stores (``TaskSpec.store``), and a worker on the client's machine writes without
+fsync (``nbrewind.store.fsio.deferred_sync``). That is safe because nothing
+replayable names a result until the committer's durability barrier
+(``ObjectStore.barrier``, one ``syncfs``) has run: a ref written before a crash
+can name a lost entry, and :meth:`TaskCache.lookup` then sees it unsound and
+misses. A worker on another machine fsyncs each write as before.
 Nothing here imports dask at module level.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -32,6 +41,7 @@ from typing import Any, TypeVar
 
 from nbrewind.errors import NbrewindError
 from nbrewind.store import BLOB_CHUNK_SIZE, ObjectStore, Store, TaskLogEntry
+from nbrewind.store.fsio import deferred_sync
 
 __all__ = [
     "REF_NAMESPACE",
@@ -88,6 +98,11 @@ class TaskSpec:
     key_prefix: str
     files: tuple[tuple[str, str], ...] = ()
     """The local files the fingerprint covers, (absolute path, digest), recorded with the result."""
+    store: bool = True
+    """False for a task whose fingerprint another task of its graph stores: it only runs."""
+    host: str = ""
+    """The client's host: a worker there defers its fsyncs to the client's durability barrier
+    (`nbrewind.store.fsio`); a worker elsewhere, whose page cache that barrier cannot reach, does not."""
 
 
 # -- worker side --------------------------------------------------------------------------------
@@ -196,6 +211,8 @@ def compute_and_store(spec: TaskSpec, func: Callable[..., Any], /, *args: Any, *
 
 
 def _try_store(spec: TaskSpec, value: object, duration: float) -> None:
+    if not spec.store:
+        return
     record: dict[str, Any] = {
         "duration": duration, "worker": _where(), "host": socket.gethostname(), "key_prefix": spec.key_prefix,
     }
@@ -203,8 +220,9 @@ def _try_store(spec: TaskSpec, value: object, duration: float) -> None:
         record["files"] = dict(spec.files)
     try:
         objects = object_store(spec.root)
-        entry, _ = store_result(objects, value, record)
-        objects.ref_set(REF_NAMESPACE, spec.fingerprint, entry)
+        with deferred_sync(objects.root) if spec.host == record["host"] else contextlib.nullcontext():
+            entry, _ = store_result(objects, value, record)
+            objects.ref_set(REF_NAMESPACE, spec.fingerprint, entry)
     except Exception:  # unpicklable result, full disk, read-only store: the task still succeeds
         return
 
@@ -260,6 +278,7 @@ class TaskCache:
         self._known_files: dict[Hashable, Mapping[str, str]] = {}
         self.impure_tokens: set[str] = set()
         """Key tokens dask.delayed generated for calls made with ``pure=False``."""
+        self.host = socket.gethostname()
 
     def __repr__(self) -> str:
         return f"TaskCache({str(self.root)!r})"
@@ -281,9 +300,15 @@ class TaskCache:
             self._fingerprinter = Fingerprinter()
         return self._fingerprinter
 
-    def spec(self, fingerprint: str, key_prefix: str, files: Mapping[str, str] | None = None) -> TaskSpec:
-        """The worker-side handle for one task (``files``: what its fingerprint covers)."""
-        return TaskSpec(str(self.root), fingerprint, key_prefix, tuple(sorted(files.items())) if files else ())
+    def spec(
+        self, fingerprint: str, key_prefix: str, files: Mapping[str, str] | None = None, *, store: bool = True
+    ) -> TaskSpec:
+        """The worker-side handle for one task (``files``: what its fingerprint covers;
+        ``store``: whether this task writes its result; False for all but one of the tasks
+        of a graph that share a fingerprint)."""
+        return TaskSpec(
+            str(self.root), fingerprint, key_prefix, tuple(sorted(files.items())) if files else (), store, self.host
+        )
 
     def lookup(self, fingerprint: str) -> str | None:
         """The entry digest cached for ``fingerprint``, if the ref and its entry object exist."""
@@ -292,7 +317,9 @@ class TaskCache:
             entry = objects.ref_get(REF_NAMESPACE, fingerprint)
         except (NbrewindError, OSError):
             return None
-        if entry is None or not objects.has(entry):
+        # Sound, not merely there: after a crash a deferred entry may be empty (and a hit
+        # on an entry not yet made durable makes the next barrier sync, see `ObjectStore`).
+        if entry is None or not objects.has_sound(entry):
             return None
         return entry
 
@@ -333,24 +360,34 @@ class TaskCache:
         with self.lock:
             pending, self._pending = self._pending, []
         rows = []
+        # Equal tasks share one stored result: read each fingerprint's ref and entry once.
+        seen: dict[tuple[str, bool, str | None], tuple[dict[str, Any], dict[str, str]]] = {}
         for p in pending:
-            details: dict[str, Any] = {"result_digest": p.entry}
-            recorded: dict[str, str] = {}
-            try:
-                entry = p.entry if p.hit else self.objects.ref_get(REF_NAMESPACE, p.fingerprint)
-                if entry is not None:
-                    _, meta = read_entry(self.objects, entry)
-                    details = {"result_digest": entry, "nbytes": meta.get("nbytes")}
-                    if not p.hit:
-                        details.update(duration=meta.get("duration"), worker=meta.get("worker"))
-                    recorded = _recorded_files(meta)
-            except (NbrewindError, OSError, ValueError):
-                pass  # the row stays, without the details
+            once = seen.get((p.fingerprint, p.hit, p.entry))
+            if once is None:
+                once = seen[(p.fingerprint, p.hit, p.entry)] = self._details(p)
+            details, recorded = once
             # What the result was made from, then what the fingerprint covered now (equal
             # wherever both name a file, since the fingerprint embeds the digests).
             files = {**recorded, **(p.files or {})}
             rows.append(TaskLogRow(fingerprint=p.fingerprint, key_prefix=p.key_prefix, hit=p.hit, file_inputs=files, **details))
         return rows
+
+    def _details(self, p: _Pending) -> tuple[dict[str, Any], dict[str, str]]:
+        """A drained row's columns read from the store, and the files its stored result records."""
+        details: dict[str, Any] = {"result_digest": p.entry}
+        recorded: dict[str, str] = {}
+        try:
+            entry = p.entry if p.hit else self.objects.ref_get(REF_NAMESPACE, p.fingerprint)
+            if entry is not None:
+                _, meta = read_entry(self.objects, entry)
+                details = {"result_digest": entry, "nbytes": meta.get("nbytes")}
+                if not p.hit:
+                    details.update(duration=meta.get("duration"), worker=meta.get("worker"))
+                recorded = _recorded_files(meta)
+        except (NbrewindError, OSError, ValueError):
+            pass  # the row stays, without the details
+        return details, recorded
 
     def file_inputs(self, rows: Iterable[TaskLogEntry]) -> dict[str, str]:
         """The local files the tasks of ``rows`` depend on: absolute path -> content digest

@@ -11,7 +11,9 @@ Given a materialized graph and the keys wanted, :func:`rewrite_graph`
    becomes a load task (no dependencies: what fed it is culled unless another
    task still needs it); any other cacheable task is wrapped to store its result
    where it runs (and to see its fingerprint while it runs, for
-   ``nbrewind.checkpoint``/``resume``: see ``resume.py``); the walk continues
+   ``nbrewind.checkpoint``/``resume``: see ``resume.py``), except that of
+   several tasks with one fingerprint only the first stores (the others only
+   run): one result object and one ref per fingerprint; the walk continues
    below uncached tasks only;
 3. queues one task-log row per load or wrapped task on the :class:`TaskCache`,
    with the local files its fingerprint covers (a wrapped task also stores them
@@ -167,6 +169,8 @@ def rewrite_graph(
         )
         files = fingerprinter.file_inputs
     tainted = _tainted(graph, cache, all_impure, ts)
+    looked_up: dict[str, str | None] = {}
+    claimed: set[str] = set()
     out = Rewritten({})
     new = out.dsk
     stack = list(reversed(outputs))
@@ -179,13 +183,18 @@ def rewrite_graph(
         if fp is not None and k not in tainted and _cacheable(node, ts):
             prefix = key_split(k)
             task_files = files.get(k)
-            spec = cache.spec(fp, prefix, task_files)
-            entry = cache.lookup(fp)
+            if fp in looked_up:
+                entry = looked_up[fp]
+            else:
+                entry = looked_up[fp] = cache.lookup(fp)
             if entry is not None:
+                spec = cache.spec(fp, prefix, task_files)
                 new[k] = ts.Task(k, load_result, spec, entry, _fallback(graph, k))
                 cache.note(fp, prefix, hit=True, entry=entry, files=task_files)
                 out.hits += 1
                 continue
+            spec = cache.spec(fp, prefix, task_files, store=fp not in claimed)
+            claimed.add(fp)
             new[k] = ts.Task(k, run_resumable, spec, node.func, *node.args,
                              _data_producer=node.data_producer, **node.kwargs)
             cache.note(fp, prefix, hit=False, files=task_files)
