@@ -101,6 +101,7 @@ class Committer:
         catalog = store.catalog
         with self._lock:
             parent = self._parent
+        objects.barrier()  # task results (written without fsync) and objects a put found present
         with catalog.transaction():
             run_id = catalog.add_cell_run(run)
             checkpoint_id = catalog.add_checkpoint(run_id, parent, entries)
