@@ -32,6 +32,7 @@ from nbrewind.session.commit import Committer
 from nbrewind.session.notices import Notices
 from nbrewind.session.parts import Parts, open_store, store_location
 from nbrewind.session.plan import CellPlan, Emit, LastCell, Paths, RngLedger
+from nbrewind.session.clients import may_need_client
 from nbrewind.session.restore import complete_pending
 from nbrewind.session.state import LiveState
 from nbrewind.session.writer import BackgroundWriter
@@ -198,7 +199,7 @@ class Session:
         parts.restorer.apply_pending_rng()
         parts.outside.apply_pending()
         try:
-            parts.restorer.rebuild_pending(plan.reads)
+            parts.restorer.rebuild_pending(plan.reads, clients=may_need_client(plan, self.state.entries, self.namespace))
         except Exception as exc:
             self._warn("could not bring back a value that cannot be stored (a Dask client, a lock...)", exc)
         parts.recorder.start(plan)

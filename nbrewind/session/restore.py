@@ -65,9 +65,10 @@ class Restorer:
         self._unrecordable = unrecordable
         """Why the current cell must not be recorded: the session's list, cleared per request."""
 
-    def rebuild_pending(self, reads: Iterable[str]) -> None:
-        """Before a cell runs, bring back the unstorable values it reads and the Dask
-        clients replayed cells made.
+    def rebuild_pending(self, reads: Iterable[str], *, clients: bool = True) -> None:
+        """Before a cell runs, bring back the unstorable values it reads and (unless
+        `clients` is False: the cell cannot reach Dask, see `clients.may_need_client`)
+        the Dask clients replayed cells made.
 
         Rebuilding re-runs the cell that made a value, side effects included (a logging
         handler installed, a client made the default scheduler): that must happen before
@@ -82,7 +83,7 @@ class Restorer:
             if not isinstance(token, Entry) or token.kind != UNSERIALIZABLE:
                 continue
             kind = token.extra.get("type", "")
-            if (name in wanted or (kind.startswith("distributed.") and kind.endswith("Client"))) and ns.is_pending(name):
+            if (name in wanted or (clients and kind.startswith("distributed.") and kind.endswith("Client"))) and ns.is_pending(name):
                 ns.materialize(name)
 
     def defer(self, step: Deferred) -> None:

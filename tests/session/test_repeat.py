@@ -4,6 +4,7 @@ lazy restore and time travel. Each test audits cells on one shell, then repeats
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any as Runner  # the fixture type lives in conftest.py
 
@@ -330,6 +331,40 @@ def test_a_cluster_nobody_needs_is_never_started_and_one_needed_comes_back_as_it
         assert runner.ns["total"] == 150
         assert dict.__getitem__(runner.ns, "futs")[0].client is dict.__getitem__(runner.ns, "client")  # one cluster
         assert runner.ns["client"].status == "closed"
+    finally:
+        for name in ("client", "cluster"):
+            value = dict.get(runner.ns, name)
+            if value is not None:
+                value.close()
+
+
+@pytest.mark.cluster
+def test_a_cell_that_cannot_reach_dask_runs_without_starting_the_cluster(runner: Runner) -> None:
+    """An edited cell that reads only numbers, strings and standard-library modules runs
+    with the client still pending; one that reads a list (which could hold a Dask
+    collection) or imports dask brings the client back first, as a fresh run has it."""
+    cells = [
+        "import math\nfrom distributed import Client, LocalCluster",
+        "cluster = LocalCluster(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=':0')\nclient = Client(cluster)",
+        "x = 2\nnums = [1, 2]",
+        "y = math.sqrt(x)",
+        "s = sum(nums)",
+        "import dask\nz = dask.delayed(math.sqrt)(16).compute()",
+    ]
+    runner.run(cells)
+    runner.ns["client"].close()
+    runner.ns["cluster"].close()
+    edited = [*cells[:3], "y = math.sqrt(x) + 1", "s = sum(nums) + 1", "import dask\nz = dask.delayed(math.sqrt)(25).compute()"]
+    try:
+        runner.run(edited[:4], "repeat")
+        assert runner.ns["y"] == math.sqrt(2) + 1 and runner.ns.is_pending("client")
+        runner.cell(edited[4])
+        assert runner.ns["s"] == 4 and not runner.ns.is_pending("client")
+        runner.ns["client"].close()
+        runner.ns["cluster"].close()
+        runner.run(edited[:4], "repeat")
+        runner.cell(edited[5])
+        assert runner.ns["z"] == 5.0 and not runner.ns.is_pending("client")
     finally:
         for name in ("client", "cluster"):
             value = dict.get(runner.ns, name)
