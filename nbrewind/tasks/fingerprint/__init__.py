@@ -24,6 +24,11 @@ Decisions worth knowing:
   globals (LOAD_GLOBAL, LOAD_NAME and the global stores): an attribute name such
   as ``path`` in ``os.path.basename`` is not mistaken for the notebook's global
   ``path``.
+- Content only: a library object is pickled without the pickle memo (the memo's
+  back-references encode which sub-objects are shared, which a round trip or a
+  rebuild changes), each library object nested in it is its own Merkle node, and a
+  value that cannot be pickled memo-less (a cycle of plain containers) has no
+  fingerprint: its task runs uncached.
 - Strings are checked for naming a local file only when they contain a ``/``,
   ``os.sep`` or ``.`` (a bare ``"data"`` is not stat'ed), and only when they
   pass through this encoder: strings inside objects that are pickled (library
