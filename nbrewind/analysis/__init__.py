@@ -10,10 +10,11 @@ IPython.
 from nbrewind.analysis.aliases import reachable_ids
 from nbrewind.analysis.effects import CallSite, CellEffects, analyze_cell
 from nbrewind.analysis.scopes import DYNAMIC_NAMES
-from nbrewind.analysis.function_reads import global_names_of, is_notebook_object, transitive_reads
+from nbrewind.analysis.function_reads import RecordedReads, global_names_of, is_notebook_object, transitive_reads, value_reads
 
 __all__ = [
     "DYNAMIC_NAMES",
+    "RecordedReads",
     "CallSite",
     "CellEffects",
     "analyze_cell",
@@ -21,4 +22,5 @@ __all__ = [
     "is_notebook_object",
     "reachable_ids",
     "transitive_reads",
+    "value_reads",
 ]

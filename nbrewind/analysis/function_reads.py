@@ -107,6 +107,35 @@ def _linked_callables(obj: object, is_user: Callable[[object], bool]) -> list[ob
 _MISSING = object()
 
 
+def value_reads(value: object, is_user_function: Callable[[object], bool] = is_notebook_object) -> frozenset[str]:
+    """The globals `value` itself makes a cell read: those of the notebook functions and
+    classes it is or links to (closures, defaults, `__wrapped__`, methods, bases), without
+    following the names found. A checkpoint records it beside a stored function, so a
+    later `transitive_reads` need not load the function to know what it reads."""
+    found: set[str] = set()
+    objects = [value]
+    seen: set[int] = set()
+    keep: list[object] = []
+    while objects:
+        obj = objects.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        keep.append(obj)
+        if is_user_function(obj):
+            found |= global_names_of(obj)
+        objects.extend(_linked_callables(obj, is_user_function))
+    return frozenset(found)
+
+
+class RecordedReads(Mapping[str, object]):
+    """A namespace view for `transitive_reads` that also knows, for names whose value is
+    not loaded, what that value reads (`reads_of(name)`, or None to look the value up)."""
+
+    def reads_of(self, name: str) -> frozenset[str] | None:
+        return None
+
+
 def transitive_reads(
     names: Iterable[str],
     namespace: Mapping[str, object],
@@ -121,27 +150,34 @@ def transitive_reads(
     Cycles (two functions calling each other) are fine. Returned names include
     the starting ones and may include names the namespace does not hold
     (builtins, or names not defined yet): absence is also something a cell
-    depends on.
+    depends on. A `RecordedReads` namespace answers for values it has not loaded.
     """
     result = set(names)
     pending = list(result)
+    recorded = namespace.reads_of if isinstance(namespace, RecordedReads) else None
     seen: set[int] = set()  # id() of objects already followed, in memory only
     keep: list[object] = []  # holds them so no id() is reused during the walk
     while pending:
-        value = namespace.get(pending.pop(), _MISSING)
-        if value is _MISSING:
-            continue
-        objects = [value]
-        while objects:
-            obj = objects.pop()
-            if id(obj) in seen:
+        name = pending.pop()
+        known = recorded(name) if recorded is not None else None
+        if known is None:
+            value = namespace.get(name, _MISSING)
+            if value is _MISSING:
                 continue
-            seen.add(id(obj))
-            keep.append(obj)
-            if is_user_function(obj):
-                for name in global_names_of(obj):
-                    if name not in result:
-                        result.add(name)
-                        pending.append(name)
-            objects.extend(_linked_callables(obj, is_user_function))
+            found: set[str] = set()
+            objects = [value]
+            while objects:
+                obj = objects.pop()
+                if id(obj) in seen:
+                    continue
+                seen.add(id(obj))
+                keep.append(obj)
+                if is_user_function(obj):
+                    found |= global_names_of(obj)
+                objects.extend(_linked_callables(obj, is_user_function))
+            known = frozenset(found)
+        for read in known:
+            if read not in result:
+                result.add(read)
+                pending.append(read)
     return frozenset(result)

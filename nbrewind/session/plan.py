@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nbrewind.analysis import CellEffects
+from nbrewind.analysis import CellEffects, RecordedReads
 from nbrewind.analysis.uses import Use
 from nbrewind.checkpoint.draws import DrawWatch
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.session.pseudo import ABSENT
-from nbrewind.session.state import Entry
+from nbrewind.session.state import READS, Entry
 from nbrewind.store.catalog import CellRun
 from nbrewind.store.digest import digest_bytes
 
@@ -96,12 +96,22 @@ class Paths:
         return rel if os.path.isabs(rel) else str(self.start_dir / rel)
 
 
-class FunctionView(Mapping[str, Any]):
-    """The namespace as transitive_reads sees it: pending values load only if they are functions."""
+class FunctionView(RecordedReads):
+    """The namespace as transitive_reads sees it: a pending function's reads come from its
+    checkpoint entry (recorded when it was stored); one stored without them is loaded."""
 
     def __init__(self, namespace: dict[str, Any], entries: Mapping[str, Entry]) -> None:
         self._ns = namespace
         self._entries = entries
+
+    def reads_of(self, name: str) -> frozenset[str] | None:
+        ns = self._ns
+        if isinstance(ns, LazyNamespace) and ns.is_pending(name):
+            entry = self._entries.get(name)
+            recorded = entry.extra.get(READS) if entry is not None else None
+            if isinstance(recorded, list):
+                return frozenset(recorded)
+        return None
 
     def __getitem__(self, name: str) -> Any:
         ns = self._ns

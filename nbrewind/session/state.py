@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nbrewind.analysis import reachable_ids
+from nbrewind.analysis import reachable_ids, value_reads
 from nbrewind.checkpoint.serialize import Unserializable, digest_value, restoring_into
 from nbrewind.identity.modules import is_local_module
 from nbrewind.checkpoint.values import StagedGroup, load_group, stage_group, stage_json
@@ -344,11 +344,17 @@ def _digest_once(value: Any, seen: dict[int, str | Unserializable]) -> str | Uns
     return seen[key]
 
 
+READS = "reads"
+"""Entry extra of a stored function or class: the globals it reads (`value_reads`)."""
+
+
 def _value_extra(value: Any) -> dict[str, Any]:
-    """Metadata the repeat kernel uses without loading the value."""
+    """Metadata the repeat kernel uses without loading the value: its type, and for a
+    function or class what it reads, so keying a cell that calls it loads nothing."""
     extra: dict[str, Any] = {"type": f"{type(value).__module__}.{type(value).__qualname__}"}
     if isinstance(value, (types.FunctionType, type)):
         extra["callable"] = True
+        extra[READS] = sorted(value_reads(value))
     return extra
 
 

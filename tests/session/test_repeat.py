@@ -370,3 +370,16 @@ def test_a_cell_that_cannot_reach_dask_runs_without_starting_the_cluster(runner:
             value = dict.get(runner.ns, name)
             if value is not None:
                 value.close()
+
+
+def test_keying_a_cell_that_calls_a_stored_function_does_not_load_it(runner: Runner) -> None:
+    """What a stored function reads is recorded beside it: a replayed cell that calls it
+    is keyed on those globals without unpickling the function (which may import heavy
+    libraries), and an edit of such a global still makes the cell run."""
+    cells = ["K = 3", "def helper(v):\n    return v * K", "def f(v):\n    return helper(v) + 1", "y = f(2)"]
+    runner.run(cells)
+    out = runner.run(cells, "repeat")
+    assert decisions(out) == ["R"] * 4
+    assert runner.ns.is_pending("f") and runner.ns.is_pending("helper")
+    out = runner.run(["K = 4", *cells[1:]], "repeat")
+    assert decisions(out) == ["E", "R", "R", "E"] and runner.ns["y"] == 9
