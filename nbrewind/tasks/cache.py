@@ -353,6 +353,12 @@ class TaskCache:
         with self.lock:
             self._pending.append(_Pending(fingerprint, key_prefix, hit, entry, files))
 
+    def note_many(self, notes: Iterable[tuple[str, str, bool, str | None, Mapping[str, str] | None]]) -> None:
+        """:meth:`note` for many tasks at once: (fingerprint, key_prefix, hit, entry, files) each."""
+        pending = [_Pending(fp, prefix, hit, entry, files) for fp, prefix, hit, entry, files in notes]
+        with self.lock:
+            self._pending.extend(pending)
+
     def drain_log(self) -> list[TaskLogRow]:
         """Task-log rows (fingerprint, key_prefix, hit, duration, nbytes, worker, result_digest,
         and each row's :attr:`TaskLogRow.file_inputs`) gathered since the last drain. A miss

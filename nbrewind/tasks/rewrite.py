@@ -86,15 +86,21 @@ def _key_token(key: Key) -> str | None:
     return None
 
 
-def _node_impure(node: Any, ts: Any) -> bool:
+def _node_impure(node: Any, ts: Any, funcs: dict[int, bool]) -> bool:
+    """Whether ``node`` calls an impure function (``funcs``: memo by function id, for one graph)."""
     if not isinstance(node, ts.Task):
         return False
     func = node.func
-    if is_impure(func):
+    marked = funcs.get(id(func))
+    if marked is None:
+        marked = funcs[id(func)] = is_impure(func)
+    if marked:
         return True
     if func is ts._execute_subgraph and node.args and isinstance(node.args[0], dict):
-        return any(_node_impure(n, ts) for n in node.args[0].values())
-    return any(_node_impure(a, ts) for a in itertools.chain(node.args, node.kwargs.values()) if isinstance(a, ts.Task))
+        return any(_node_impure(n, ts, funcs) for n in node.args[0].values())
+    return any(
+        _node_impure(a, ts, funcs) for a in itertools.chain(node.args, node.kwargs.values()) if isinstance(a, ts.Task)
+    )
 
 
 def _tainted(dsk: Mapping[Key, Any], cache: TaskCache, all_impure: bool, ts: Any) -> set[Key]:
@@ -102,7 +108,8 @@ def _tainted(dsk: Mapping[Key, Any], cache: TaskCache, all_impure: bool, ts: Any
     if all_impure:
         return set(dsk)
     tokens = cache.impure_tokens
-    bad = {k for k, node in dsk.items() if _node_impure(node, ts) or (tokens and _key_token(k) in tokens)}
+    funcs: dict[int, bool] = {}  # the graph holds every function, so no id is reused meanwhile
+    bad = {k for k, node in dsk.items() if _node_impure(node, ts, funcs) or (tokens and _key_token(k) in tokens)}
     if not bad:
         return bad
     dependents: dict[Key, list[Key]] = {}
@@ -118,9 +125,15 @@ def _tainted(dsk: Mapping[Key, Any], cache: TaskCache, all_impure: bool, ts: Any
     return bad
 
 
-def _cacheable(node: Any, ts: Any) -> bool:
+def _cacheable(node: Any, ts: Any, coroutines: dict[int, bool]) -> bool:
     # Plain tasks only: literals, aliases and container nodes cost nothing to recompute.
-    return type(node) is ts.Task and not inspect.iscoroutinefunction(node.func)
+    if type(node) is not ts.Task:
+        return False
+    func = node.func
+    is_coroutine = coroutines.get(id(func))
+    if is_coroutine is None:  # costly for a toolz.curry, which builds its signature
+        is_coroutine = coroutines[id(func)] = inspect.iscoroutinefunction(func)
+    return not is_coroutine
 
 
 def _fallback(dsk: Mapping[Key, Any], key: Key) -> tuple[dict[Key, Any], Key] | None:
@@ -169,8 +182,14 @@ def rewrite_graph(
         )
         files = fingerprinter.file_inputs
     tainted = _tainted(graph, cache, all_impure, ts)
+    # Per graph, once each: a fingerprint's lookup, a key name's prefix, a function's
+    # coroutine check, and the worker-side spec (shared by equal tasks: it is immutable).
     looked_up: dict[str, str | None] = {}
+    prefixes: dict[Any, str] = {}
+    coroutines: dict[int, bool] = {}
+    specs: dict[tuple[str, str, int, bool], Any] = {}
     claimed: set[str] = set()
+    notes: list[tuple[str, str, bool, str | None, Mapping[str, str] | None]] = []
     out = Rewritten({})
     new = out.dsk
     stack = list(reversed(outputs))
@@ -180,29 +199,35 @@ def rewrite_graph(
             continue
         node = graph[k]
         fp = fps.get(k)
-        if fp is not None and k not in tainted and _cacheable(node, ts):
-            prefix = key_split(k)
+        if fp is not None and k not in tainted and _cacheable(node, ts, coroutines):
+            name = k[0] if type(k) is tuple and k else k
+            prefix = prefixes.get(name)
+            if prefix is None:
+                prefix = prefixes[name] = key_split(k)
             task_files = files.get(k)
             if fp in looked_up:
                 entry = looked_up[fp]
             else:
                 entry = looked_up[fp] = cache.lookup(fp)
+            store = entry is not None or fp not in claimed  # a hit's fallback stores what it recomputes
+            spec_key = (fp, prefix, id(task_files), store)
+            spec = specs.get(spec_key)
+            if spec is None:
+                spec = specs[spec_key] = cache.spec(fp, prefix, task_files, store=store)
+            notes.append((fp, prefix, entry is not None, entry, task_files))
             if entry is not None:
-                spec = cache.spec(fp, prefix, task_files)
                 new[k] = ts.Task(k, load_result, spec, entry, _fallback(graph, k))
-                cache.note(fp, prefix, hit=True, entry=entry, files=task_files)
                 out.hits += 1
                 continue
-            spec = cache.spec(fp, prefix, task_files, store=fp not in claimed)
             claimed.add(fp)
             new[k] = ts.Task(k, run_resumable, spec, node.func, *node.args,
                              _data_producer=node.data_producer, **node.kwargs)
-            cache.note(fp, prefix, hit=False, files=task_files)
             out.misses += 1
         else:
             new[k] = node
             out.uncached += isinstance(node, ts.Task)
         stack.extend(d for d in node.dependencies if d in graph and d not in new)
+    cache.note_many(notes)
     out.culled = len(graph) - len(new)
     out.fingerprints = {k: fps[k] for k in outputs if k in fps and k not in tainted}
     cache.remember(out.fingerprints, {k: files[k] for k in out.fingerprints if k in files})
