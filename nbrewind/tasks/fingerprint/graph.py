@@ -259,7 +259,8 @@ class Fingerprinter(ValueEncoding):
         failed: dict[Key, str] = {}
         self._fps, self._node_files = local, {}
         try:
-            self._traverse(inner, [outkey], failed, {})
+            if not self._inner_walk(inner, outkey, local, 0):
+                self._traverse(inner, [outkey], failed, {})  # legacy nodes, deep chains: the general walk
             inner_files = self._node_files.get(outkey)
         finally:
             self._fps, self._node_files = outer, outer_files
@@ -269,6 +270,24 @@ class Fingerprinter(ValueEncoding):
         if not token.startswith(b"@") or outkey in inkeys:
             raise UnfingerprintableError(f"fused task: {failed.get(outkey, 'output is not a task')}")
         return token
+
+    def _inner_walk(self, inner: Mapping[Key, Any], k: Key, local: dict[Key, bytes], depth: int) -> bool:
+        """Tokens of a fused task's inner graph, depth first, as `_traverse` computes them
+        (the common case: a few GraphNodes, no cycle); False when it must be left to
+        `_traverse` (a legacy node, a key it does not hold, a chain too deep)."""
+        node = inner.get(k)
+        if depth > 64 or not isinstance(node, self._ts.GraphNode):
+            return False
+        for d in node.dependencies:
+            if d not in local and not self._inner_walk(inner, d, local, depth + 1):
+                return False
+        outer_files, self._files = self._files, None
+        try:
+            local[k] = self._node_token(node)
+            self._node_files_of(k, node)
+        finally:
+            self._files = outer_files
+        return True
 
     def _dep(self, key: Key) -> bytes:
         try:
