@@ -51,14 +51,22 @@ class RefsMixin:
     def ref_get(self, namespace: str, name: str) -> str | None:
         """The digest ``namespace/name`` points at, or None: also when its MAC is not
         this user's (a ref someone else wrote or forged is a miss, never loaded)."""
-        path = self._ref_path(namespace, name)
+        for value in (namespace, name):
+            if not _REF_NAME_RE.fullmatch(value):
+                self._ref_path(namespace, name)  # raises the ValueError that explains it
+        # Strings, not Paths: a graph's cache lookups call this once per distinct task.
+        where = os.path.join(self.refs_dir, namespace, name[:2], name)
         try:
-            raw = path.read_bytes()
+            fd = os.open(where, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
+        try:
+            raw = os.read(fd, 4096)
+        finally:
+            os.close(fd)
         digest, trusted = read_ref(self.root, namespace, name, raw)
         if digest is None:
-            raise CorruptObjectError(f"ref file {path} does not hold a digest; delete it")
+            raise CorruptObjectError(f"ref file {where} does not hold a digest; delete it")
         return digest if trusted else None
 
     def ref_delete(self, namespace: str, name: str) -> bool:
