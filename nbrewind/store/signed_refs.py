@@ -12,19 +12,37 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 from pathlib import Path
 
 from nbrewind.store.digest import is_digest
-from nbrewind.store.secret import user_keys
+from nbrewind.store.secret import Keys, user_keys
 from nbrewind.store.signing import MANIFEST_NAME, ref_mac
 from nbrewind.store.trustdb import signature_db
 
 __all__ = ["encode_ref", "read_ref", "ref_digest"]
 
 
+# What `secret_path` (through jupyter_core's data dir) depends on. Finding the secret costs
+# about 0.2 ms, more than writing a ref without fsync: look it up again only when these change.
+_SECRET_ENV = ("NBREWIND_TRUST_DB", "JUPYTER_DATA_DIR", "JUPYTER_PLATFORM_DIRS", "XDG_DATA_HOME", "HOME", "APPDATA")
+_keys_memo: tuple[tuple[str | None, ...], Keys] | None = None
+
+
+def _keys() -> Keys:
+    global _keys_memo
+    env = tuple(os.environ.get(name) for name in _SECRET_ENV)
+    memo = _keys_memo
+    if memo is not None and memo[0] == env:
+        return memo[1]
+    keys = user_keys()
+    _keys_memo = (env, keys)
+    return keys
+
+
 def encode_ref(namespace: str, name: str, digest: str) -> bytes:
     """A ref file's content: the digest, then this user's MAC of it under its name."""
-    return f"{digest} {ref_mac(user_keys(), namespace, name, digest)}\n".encode("ascii")
+    return f"{digest} {ref_mac(_keys(), namespace, name, digest)}\n".encode("ascii")
 
 
 def ref_digest(raw: bytes) -> str | None:
@@ -42,7 +60,7 @@ def read_ref(store_root: Path, namespace: str, name: str, raw: bytes) -> tuple[s
     if digest is None:
         return None, False
     parts = raw.decode("ascii", errors="ignore").split()  # a damaged MAC is a mismatch, not a crash
-    if len(parts) == 2 and hmac.compare_digest(parts[1], ref_mac(user_keys(), namespace, name, digest)):
+    if len(parts) == 2 and hmac.compare_digest(parts[1], ref_mac(_keys(), namespace, name, digest)):
         return digest, True
     listed = _trusted_manifest_refs(store_root)
     expected = listed.get(f"nbrewind/refs/{namespace}/{name[:2]}/{name}") if listed else None
