@@ -107,15 +107,19 @@ def _linked_callables(obj: object, is_user: Callable[[object], bool]) -> list[ob
 _MISSING = object()
 
 
-def value_reads(value: object, is_user_function: Callable[[object], bool] = is_notebook_object) -> frozenset[str]:
-    """The globals `value` itself makes a cell read: those of the notebook functions and
-    classes it is or links to (closures, defaults, `__wrapped__`, methods, bases), without
-    following the names found. A checkpoint records it beside a stored function, so a
-    later `transitive_reads` need not load the function to know what it reads."""
+def _generator_code(obj: object) -> types.CodeType | None:
+    """The code of a suspended generator or coroutine that a notebook function made: it reads
+    the notebook's globals each time it is resumed."""
+    frame = getattr(obj, "gi_frame", None) or getattr(obj, "cr_frame", None) or getattr(obj, "ag_frame", None)
+    if not isinstance(obj, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)) or frame is None:
+        return None
+    return frame.f_code if frame.f_globals.get("__name__") == "__main__" else None
+
+
+def _walk_value(value: object, is_user_function: Callable[[object], bool], seen: set[int], keep: list[object]) -> set[str]:
+    """Globals `value` makes a cell read, without following the names found (see `value_reads`)."""
     found: set[str] = set()
     objects = [value]
-    seen: set[int] = set()
-    keep: list[object] = []
     while objects:
         obj = objects.pop()
         if id(obj) in seen:
@@ -124,8 +128,21 @@ def value_reads(value: object, is_user_function: Callable[[object], bool] = is_n
         keep.append(obj)
         if is_user_function(obj):
             found |= global_names_of(obj)
+        else:
+            code = _generator_code(obj)
+            if code is not None:
+                found |= _code_global_names(code)
         objects.extend(_linked_callables(obj, is_user_function))
-    return frozenset(found)
+    return found
+
+
+def value_reads(value: object, is_user_function: Callable[[object], bool] = is_notebook_object) -> frozenset[str]:
+    """The globals `value` itself makes a cell read: those of the notebook functions and
+    classes it is or links to (closures, defaults, `__wrapped__`, methods, bases, the class
+    of an instance), or of the notebook code a suspended generator resumes, without
+    following the names found. A checkpoint records it beside a stored function or a value
+    that cannot be stored, so a later `transitive_reads` need not load the value."""
+    return frozenset(_walk_value(value, is_user_function, set(), []))
 
 
 class RecordedReads(Mapping[str, object]):
@@ -144,8 +161,8 @@ def transitive_reads(
     """Close a set of read names over the notebook functions and classes they name.
 
     Every name whose value is a notebook function or class (per
-    `is_user_function`), or an instance of a notebook class, contributes the
-    globals its code reads; so do notebook functions reachable from it through
+    `is_user_function`), an instance of a notebook class, or a suspended generator
+    a notebook function made, contributes the globals its code reads; so do notebook functions reachable from it through
     closures, default arguments, `__wrapped__`, methods and base classes.
     Cycles (two functions calling each other) are fine. Returned names include
     the starting ones and may include names the namespace does not hold
@@ -164,18 +181,7 @@ def transitive_reads(
             value = namespace.get(name, _MISSING)
             if value is _MISSING:
                 continue
-            found: set[str] = set()
-            objects = [value]
-            while objects:
-                obj = objects.pop()
-                if id(obj) in seen:
-                    continue
-                seen.add(id(obj))
-                keep.append(obj)
-                if is_user_function(obj):
-                    found |= global_names_of(obj)
-                objects.extend(_linked_callables(obj, is_user_function))
-            known = frozenset(found)
+            known = frozenset(_walk_value(value, is_user_function, seen, keep))
         for read in known:
             if read not in result:
                 result.add(read)

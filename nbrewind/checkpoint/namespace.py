@@ -64,6 +64,22 @@ class LazyNamespace(dict[str, Any]):
         if not self._pending:
             _disarm()
 
+    def save(self) -> tuple[dict[str, Any], dict[str, Any], Loader | None]:
+        """Everything the namespace holds now (values, pending tokens, loader), for `put_back`."""
+        return dict(dict.items(self)), dict(self._pending), self._loader
+
+    def put_back(self, saved: tuple[dict[str, Any], dict[str, Any], Loader | None]) -> None:
+        """Make the namespace exactly what `save` returned (the same objects, not copies)."""
+        values, pending, loader = saved
+        dict.clear(self)
+        dict.update(self, values)
+        self._pending = dict(pending)
+        self._loader = loader
+        if self._pending:
+            _arm()
+        else:
+            _disarm()
+
     def materialize(self, name: str) -> Any:
         """Load `name` (and the co-variables that come with it) now and return its value."""
         __tracebackhide__ = True  # noqa: F841 (IPython leaves this frame out of tracebacks)

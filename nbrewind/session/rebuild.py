@@ -119,10 +119,13 @@ class Rebuilder:
                 after = catalog.checkpoint_entries(step.checkpoint_id)
                 parent = catalog.get_checkpoint(step.checkpoint_id).parent_id
                 before = catalog.checkpoint_entries(parent) if parent is not None else {}
-                scratch = self._rerun(step.code, before, "<nbrewind re-run of a replayed cell>", failed=step.failed)
-                for name, (digest, meta) in after.items():
-                    if meta.get("kind") == UNSERIALIZABLE and dict.__contains__(scratch, name):
-                        self._made[digest] = dict.__getitem__(scratch, name)
+                label = "<nbrewind re-run of a replayed cell>"
+                unstorable = {n: d for n, (d, meta) in after.items() if meta.get("kind") == UNSERIALIZABLE}
+                if isinstance(self._shell.user_ns, LazyNamespace):
+                    self._made.update(self._rerun_in_kernel(step.code, before, label, step.failed, unstorable))
+                    continue
+                scratch = self._rerun(step.code, before, label, failed=step.failed)
+                self._made.update({d: dict.__getitem__(scratch, n) for n, d in unstorable.items() if dict.__contains__(scratch, n)})
         finally:
             self._replaying = False
 
@@ -250,6 +253,32 @@ class Rebuilder:
             return {k: v for k, v in values.items() if k == member or isinstance(scratch.pending().get(k), Entry)}
 
         scratch.set_loader(load)
+        try:
+            with self._as_then(entries) as names:
+                for member, item in names.items():
+                    scratch.set_pending(member, item)
+                self._exec(code, label, scratch, failed)
+        finally:
+            scratch.set_loader(None)
+        return scratch
+
+    def _exec(self, code: str, label: str, namespace: dict[str, Any], failed: bool) -> None:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            # The shell's own compiler flags (a cell's `from __future__ import ...` lasts),
+            # never this module's: inherited, they would change what the code compiles to.
+            flags = getattr(getattr(self._shell, "compile", None), "flags", 0)
+            try:
+                exec(compile(code, label, "exec", flags=flags, dont_inherit=True), namespace)
+            except Exception:
+                if not failed:
+                    raise
+
+    @contextlib.contextmanager
+    def _as_then(self, entries: Mapping[str, Any]) -> Iterator[dict[str, Entry]]:
+        """The global RNG states, environment, working directory and library settings of a
+        checkpoint's `entries` (name -> (digest, meta)), for the duration; yields its names'
+        entries. The process is left as it was found."""
+        names: dict[str, Entry] = {}
         rng_states: dict[str, Any] = {}
         env: dict[str, str | None] = {}
         cwd: str | None = None
@@ -257,7 +286,7 @@ class Rebuilder:
         for member, (digest, meta) in entries.items():
             parsed = pseudo.parse(member)
             if parsed is None:
-                scratch.set_pending(member, Entry.from_meta(digest, meta))
+                names[member] = Entry.from_meta(digest, meta)
             elif parsed[0] is Pseudo.SETTING and "setting" in meta and is_digest(digest):
                 settings[meta["setting"]] = digest
             elif parsed[0] is Pseudo.RNG:
@@ -283,22 +312,59 @@ class Rebuilder:
             _set_env(env)
             if cwd is not None:
                 os.chdir(self._paths.abs(cwd))
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                # The shell's own compiler flags (a cell's `from __future__ import ...` lasts),
-                # never this module's: inherited, they would change what the code compiles to.
-                flags = getattr(getattr(self._shell, "compile", None), "flags", 0)
-                try:
-                    exec(compile(code, label, "exec", flags=flags, dont_inherit=True), scratch)
-                except Exception:
-                    if not failed:
-                        raise
+            yield names
         finally:
             os.chdir(saved_cwd)
             _set_env(saved_env)
             settings_registry.apply_settings(saved_settings)
             hidden.restore_rng(saved)
-            scratch.set_loader(None)
-        return scratch
+
+    def _rerun_in_kernel(self, code: str, entries: Mapping[str, Any], label: str, failed: bool, want: Mapping[str, str]) -> dict[str, Any]:
+        """Run `code` in the kernel's own namespace, made for the duration what `entries`
+        (a checkpoint) say, then put the namespace back exactly as it was. Returns the
+        values it left for the names in `want` (name -> entry digest), by entry digest.
+
+        The kernel's namespace, not a scratch one: what the cell makes (a generator, an
+        object whose methods read globals) keeps it as its globals, so later it reads the
+        notebook's names as they are then, as in a fresh run, and while the deferred cells
+        run it reads them as each of those cells found them."""
+        ns = self._shell.user_ns
+        assert isinstance(ns, LazyNamespace)
+        saved = ns.save()
+        hidden_ns = getattr(self._shell, "user_ns_hidden", {})
+
+        def load(member: str, token: Any) -> dict[str, Any]:
+            item: Entry = token
+            if item.kind == UNSERIALIZABLE:
+                if item.digest in self._made:
+                    return {member: self._made[item.digest]}
+                return {member: self.rebuild(member, item)[member]}
+            try:
+                values = self._state.load(item, namespace=ns)
+            except Exception:
+                values = self.regenerate(member, item, into=ns)
+            pending = ns.pending()
+            return {k: v for k, v in values.items() if k == member or (isinstance(pending.get(k), Entry) and pending[k].digest == item.digest)}
+
+        made: dict[str, Any] = {}
+        try:
+            ns.set_loader(load)
+            with self._as_then(entries) as names:
+                for name in [n for n in ns.keys() if policy.is_user_name(n, dict.get(ns, n), hidden_ns)]:
+                    dict.pop(ns, name, None)
+                    ns.discard_pending(name)
+                for member, item in names.items():
+                    if item.kind == UNSERIALIZABLE and item.digest in self._made:
+                        dict.__setitem__(ns, member, self._made[item.digest])
+                    else:
+                        ns.set_pending(member, item)
+                self._exec(code, label, ns, failed)
+                for name, digest in want.items():
+                    if dict.__contains__(ns, name):
+                        made[digest] = dict.__getitem__(ns, name)
+        finally:
+            ns.put_back(saved)
+        return made
 
     def rebuild(self, name: str, entry: Entry) -> dict[str, Any]:
         """Make an unstorable value again by re-running the cell that made it.
@@ -323,10 +389,10 @@ class Rebuilder:
         except Exception:
             # The record (or the state it names) cannot be read: the catalog holds the same
             # two things, the cell run's code and the checkpoint it started from.
-            found = self._producer(name, entry)
-            if found is None:
+            producer = self._producer(name, entry)
+            if producer is None:
                 raise
-            code, entries, _ = found
+            code, entries, _ = producer
             try:
                 code = _transform(self._shell, code)
             except Exception:
@@ -337,24 +403,29 @@ class Rebuilder:
             f"NBRewind: rebuilding {name!r} ({entry.extra.get('type')}, which cannot be stored) by re-running the cell "
             f"that made it; side effects of that cell happen again"
         )
-        scratch = self._rerun(code, entries, f"<nbrewind rebuild of {name}>")
-        if not dict.__contains__(scratch, name):
-            raise NameError(f"re-running the cell that made {name!r} did not define it again")
-        made = {name: dict.__getitem__(scratch, name)}
         ns = self._shell.user_ns
-        if isinstance(ns, LazyNamespace):
+        twins: dict[str, str] = {}
+        if isinstance(ns, LazyNamespace) and parent is not None:
             for other, token in ns.pending().items():
-                if other in made or not dict.__contains__(scratch, other):
+                if other == name or not isinstance(token, Entry) or token.kind != UNSERIALIZABLE:
                     continue
-                if isinstance(token, Entry) and token.kind == UNSERIALIZABLE and parent is not None:
-                    try:
-                        twin = load_json(self._state.objects, token.digest)
-                    except Exception:
-                        continue  # its own rebuild will find its way
-                    if twin.get("code") == code and twin.get("parent_entries") == parent:
-                        made[other] = dict.__getitem__(scratch, other)
-                        self._made[token.digest] = made[other]
-        self._made[entry.digest] = made[name]
+                try:
+                    twin = load_json(self._state.objects, token.digest)
+                except Exception:
+                    continue  # its own rebuild will find its way
+                if twin.get("code") == code and twin.get("parent_entries") == parent:
+                    twins[other] = token.digest
+        label = f"<nbrewind rebuild of {name}>"
+        if isinstance(ns, LazyNamespace):
+            found = self._rerun_in_kernel(code, entries, label, False, {name: entry.digest, **twins})
+        else:
+            scratch = self._rerun(code, entries, label)
+            found = {d: dict.__getitem__(scratch, n) for n, d in {name: entry.digest, **twins}.items() if dict.__contains__(scratch, n)}
+        if entry.digest not in found:
+            raise NameError(f"re-running the cell that made {name!r} did not define it again")
+        self._made.update(found)
+        made = {name: found[entry.digest]}
+        made.update({other: found[digest] for other, digest in twins.items() if digest in found})
         return made
 
 

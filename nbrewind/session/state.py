@@ -20,6 +20,7 @@ from typing import Any
 from nbrewind.analysis import reachable_ids, value_reads
 from nbrewind.checkpoint.serialize import Unserializable, digest_value, restoring_into
 from nbrewind.identity.modules import is_local_module
+from nbrewind.session.plain import holds_only_plain
 from nbrewind.checkpoint.values import StagedGroup, load_group, stage_group, stage_json
 from nbrewind.store.objects import StagedBlob
 from nbrewind.store.digest import digest_bytes
@@ -70,16 +71,20 @@ def value_key(value_digest: str, group: tuple[str, ...]) -> str:
 
 
 def resource_key(
-    record_digest: str, why: Unserializable, group: tuple[str, ...], *, made_by: bool
+    record_digest: str, why: Unserializable, group: tuple[str, ...], *, made_by: bool, reads: Iterable[str] = ()
 ) -> tuple[str, tuple[str, ...], dict[str, Any]]:
     """Key, group and extra of an unstorable value's entry (a resource: a client, a lock).
 
     With a record of the cell that made it (`made_by`), the key names that record (its code
     and the state it started from): two resources are the same input only if the same
     cell run made them. Without one, the key is the type alone, which no replay may trust
-    (`replayable_resource` is False for it).
+    (`replayable_resource` is False for it). `reads` are the globals its code reads when
+    used (a generator's, the methods' of a notebook class's instance): inputs of a cell
+    that uses it.
     """
     extra: dict[str, Any] = {"type": why.type_name, "reason": why.reason}
+    if reads:
+        extra[READS] = sorted(reads)
     if made_by:
         return digest_bytes(("resource|" + record_digest).encode()), group, {**extra, MADE_BY: True}
     return digest_bytes(("unserializable|" + why.type_name).encode()), group, extra
@@ -309,7 +314,7 @@ class LiveState:
                 entry = Entry(
                     staged_doc.digest,
                     UNSERIALIZABLE,
-                    *resource_key(staged_doc.digest, result, (n,), made_by=parent is not None),
+                    *resource_key(staged_doc.digest, result, (n,), made_by=parent is not None, reads=value_reads(value)),
                 )
                 unser[n] = result
             else:
@@ -355,7 +360,13 @@ def _value_extra(value: Any) -> dict[str, Any]:
     if isinstance(value, (types.FunctionType, type)):
         extra["callable"] = True
         extra[READS] = sorted(value_reads(value))
+    elif type(value) in (list, tuple, dict, set, frozenset) and holds_only_plain(value):
+        extra[PLAIN] = True
     return extra
+
+
+PLAIN = "plain"
+"""Entry extra of a stored container that holds nothing that can reach Dask (`session.plain`)."""
 
 
 _NOTHING = object()

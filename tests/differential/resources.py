@@ -79,43 +79,50 @@ def semaphore(rng: random.Random, s: str) -> ResourceFragment:
 
 
 def generator(rng: random.Random, s: str) -> ResourceFragment:
-    """A generator advanced by later cells, one of which only reads a storable value it gave."""
-    k, n = rng.randint(2, 9), rng.randint(8, 12)
+    """A generator advanced by later cells, reading a global that changes between them."""
+    k, k2, n = rng.randint(2, 9), rng.randint(2, 9), rng.randint(8, 12)
     cells = [
-        f"def gen{s}(n):\n    for i in range(n):\n        yield i * {k}",
+        f"STEP{s} = {k}\ndef gen{s}(n):\n    for i in range(n):\n        yield i * STEP{s}",
         f"g{s} = gen{s}({n})",
         f"print(next(g{s}))",
+        f"STEP{s} = {k2}",
         f"pair{s} = [next(g{s}), next(g{s})]",
         f"print(pair{s}, sum(pair{s}))",
     ]
     edits = [
-        Edit("edit-step", 0, f"def gen{s}(n):\n    for i in range(n):\n        yield i * {_other(rng, k, 2, 9)}"),
+        Edit("edit-step", 0, f"STEP{s} = {_other(rng, k, 2, 9)}\ndef gen{s}(n):\n    for i in range(n):\n        yield i * STEP{s}"),
         Edit("edit-first-draw", 2, f"print('first', next(g{s}))"),
-        Edit("edit-one-draw", 3, f"pair{s} = [next(g{s})]"),
-        Edit("edit-reader", 4, f"print(len(pair{s}))"),
-        Edit("edit-close", 4, f"g{s}.close()"),
+        Edit("edit-later-step", 3, f"STEP{s} = {_other(rng, k2, 2, 9)}"),
+        Edit("edit-one-draw", 4, f"pair{s} = [next(g{s})]"),
+        Edit("edit-reader", 5, f"print(len(pair{s}))"),
+        Edit("edit-close", 5, f"g{s}.close()"),
     ]
     return ResourceFragment("generator", cells, edits, f"print('gen{s}', list(g{s}))")
 
 
 def tally(rng: random.Random, s: str) -> ResourceFragment:
-    """A notebook class whose instances hold a lock: mutated through methods, read into storable values."""
-    a, b = rng.randint(1, 30), rng.randint(1, 30)
+    """A notebook class whose instances hold a lock: mutated through methods that read a
+    global, read into storable values."""
+    a, b, w = rng.randint(1, 30), rng.randint(1, 30), rng.randint(2, 5)
+    method = (
+        f"import threading\nWEIGHT{s} = 1\nclass Tally{s}:\n    def __init__(self):\n        self.lock = threading.Lock()\n"
+        f"        self.n = 0\n    def add(self, k):\n        with self.lock:\n            self.n += k * WEIGHT{s}\n        return self.n"
+    )
     cells = [
-        f"import threading\nclass Tally{s}:\n    def __init__(self):\n        self.lock = threading.Lock()\n        self.n = 0\n"
-        f"    def add(self, k):\n        with self.lock:\n            self.n += k\n        return self.n",
+        method,
         f"t{s} = Tally{s}()",
         f"t{s}.add({a})",
-        f"snap{s} = t{s}.n",
+        f"WEIGHT{s} = {w}\nsnap{s} = t{s}.n",
         f"t{s}.add({b})\nprint(t{s}.n, snap{s})",
     ]
     edits = [
         Edit("edit-first-add", 2, f"t{s}.add({_other(rng, a, 1, 30)})"),
-        Edit("edit-snapshot", 3, f"snap{s} = t{s}.n * 2"),
+        Edit("edit-snapshot", 3, f"WEIGHT{s} = {w}\nsnap{s} = t{s}.n * 2"),
+        Edit("edit-weight", 3, f"WEIGHT{s} = {_other(rng, w, 2, 5)}\nsnap{s} = t{s}.n"),
         Edit("edit-last-add", 4, f"t{s}.add({_other(rng, b, 1, 30)})\nprint(t{s}.n, snap{s})"),
-        Edit("edit-method", 0, cells[0].replace("self.n += k", "self.n += 2 * k")),
+        Edit("edit-method", 0, method.replace("self.n += k", "self.n += 2 * k")),
     ]
-    return ResourceFragment("tally", cells, edits, f"print('tally{s}', t{s}.n, snap{s})")
+    return ResourceFragment("tally", cells, edits, f"print('tally{s}', t{s}.add(1), snap{s}, WEIGHT{s})")
 
 
 RESOURCE_FAMILIES: dict[str, Callable[[random.Random, str], ResourceFragment]] = {

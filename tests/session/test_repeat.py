@@ -340,30 +340,31 @@ def test_a_cluster_nobody_needs_is_never_started_and_one_needed_comes_back_as_it
 
 @pytest.mark.cluster
 def test_a_cell_that_cannot_reach_dask_runs_without_starting_the_cluster(runner: Runner) -> None:
-    """An edited cell that reads only numbers, strings and standard-library modules runs
-    with the client still pending; one that reads a list (which could hold a Dask
-    collection) or imports dask brings the client back first, as a fresh run has it."""
+    """An edited cell that reads only numbers, a list of numbers and standard-library
+    modules runs with the client still pending; one that reads a list holding a Dask
+    collection, or uses dask, brings the client back first, as a fresh run has it."""
     cells = [
-        "import math\nfrom distributed import Client, LocalCluster",
+        "import math\nimport dask\nfrom distributed import Client, LocalCluster",
         "cluster = LocalCluster(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=':0')\nclient = Client(cluster)",
-        "x = 2\nnums = [1, 2]",
+        "x = 2\nnums = [1, 2]\nlazy = [dask.delayed(math.sqrt)(9)]",
         "y = math.sqrt(x)",
         "s = sum(nums)",
-        "import dask\nz = dask.delayed(math.sqrt)(16).compute()",
+        "r = [v * 2 for v in lazy]",
+        "z = dask.delayed(math.sqrt)(16).compute()",
     ]
     runner.run(cells)
     runner.ns["client"].close()
     runner.ns["cluster"].close()
-    edited = [*cells[:3], "y = math.sqrt(x) + 1", "s = sum(nums) + 1", "import dask\nz = dask.delayed(math.sqrt)(25).compute()"]
+    edited = [*cells[:3], "y = math.sqrt(x) + 1", "s = sum(nums) + 1", "r = [v * 3 for v in lazy]", "z = dask.delayed(math.sqrt)(25).compute()"]
     try:
-        runner.run(edited[:4], "repeat")
-        assert runner.ns["y"] == math.sqrt(2) + 1 and runner.ns.is_pending("client")
-        runner.cell(edited[4])
-        assert runner.ns["s"] == 4 and not runner.ns.is_pending("client")
+        runner.run(edited[:5], "repeat")
+        assert runner.ns["y"] == math.sqrt(2) + 1 and runner.ns["s"] == 4 and runner.ns.is_pending("client")
+        runner.cell(edited[5])
+        assert not runner.ns.is_pending("client")
         runner.ns["client"].close()
         runner.ns["cluster"].close()
-        runner.run(edited[:4], "repeat")
-        runner.cell(edited[5])
+        runner.run(edited[:5], "repeat")
+        runner.cell(edited[6])
         assert runner.ns["z"] == 5.0 and not runner.ns.is_pending("client")
     finally:
         for name in ("client", "cluster"):
