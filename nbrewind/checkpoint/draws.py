@@ -2,7 +2,8 @@
 
 The global generator is shared with the libraries living in the kernel: an
 in-process distributed scheduler samples workers with ``random.sample``, the
-client shuffles them, tornado jitters its timers. Those draws happen on their
+client shuffles them, tornado jitters its timers, and ``dask.sizeof`` samples the items
+of a list whose size distributed estimates. Those draws happen on their
 own threads, whenever the event loop gets to them, so the state a cell starts
 from moves between two identical runs. Keying the cell on that state would make
 it run again for nothing; isolating those libraries in a private generator
@@ -56,8 +57,7 @@ class _Draw:
         watch = _watching
         if watch is None:
             return self.method(*args, **kwargs)
-        caller = sys._getframe(1).f_globals.get("__name__") or ""
-        if caller.partition(".")[0] in BACKGROUND_CALLERS:
+        if _background_caller(sys._getframe(1)):
             return watch._background(self.method, args, kwargs)
         watch.cell_drew = True
         return self.method(*args, **kwargs)
@@ -67,6 +67,20 @@ class _Draw:
 
     def __repr__(self) -> str:
         return repr(self.method)
+
+
+ON_BEHALF = ("dask.sizeof", "dask.utils")
+"""Modules that draw for whoever calls them (``sizeof`` samples a list's items, reached
+through ``dask.utils.Dispatch``): the draw is a background one when their caller is a
+`BACKGROUND_CALLERS` package, the cell's when the cell called them."""
+
+
+def _background_caller(frame: Any) -> bool:
+    module = frame.f_globals.get("__name__") or ""
+    while frame is not None and module.startswith(ON_BEHALF):
+        frame = frame.f_back
+        module = (frame.f_globals.get("__name__") or "") if frame is not None else ""
+    return module.partition(".")[0] in BACKGROUND_CALLERS
 
 
 def _function(name: str) -> Any:

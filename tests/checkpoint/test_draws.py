@@ -53,6 +53,23 @@ def test_a_cell_draw_or_a_library_drawing_for_the_cell_makes_the_state_an_input(
     assert not watch.explained()
 
 
+def test_dask_sizeof_draws_for_whoever_calls_it() -> None:
+    """distributed estimates a list's size with the real `dask.sizeof`, which samples its
+    items: a background draw when distributed asks, the cell's when the cell asks."""
+    from dask.sizeof import sizeof
+
+    items = [str(i) * 3 for i in range(100)]  # sampled: more items than sizeof looks at
+    asker = _as_module("distributed.worker_like", "def estimate(sizeof, items):\n    return sizeof(items)\n")
+    start = random.getstate()
+    with DrawWatch().watching() as watch:
+        _in_thread(lambda: asker["estimate"](sizeof, items))
+        assert random.getstate() != start
+        assert watch.explained()
+    with DrawWatch().watching() as watch:
+        sizeof(items)
+    assert not watch.explained()
+
+
 def test_an_unobserved_move_breaks_the_chain() -> None:
     captured = random.random  # bound before the watch: its draws pass no wrapper
     with DrawWatch().watching() as watch:
