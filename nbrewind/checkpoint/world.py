@@ -184,6 +184,23 @@ def _asked_kind_only(depth: int) -> bool:
     return False
 
 
+_BEFORE_OVERWRITE = frozenset({("PIL.Image", "save")})
+"""Library functions that check whether the file they are about to write exists, only to
+clean up after a failed write (PIL's `Image.save`, under matplotlib's `savefig`): the file's
+prior kind is no input of the cell, which writes it either way."""
+
+
+def _checked_before_overwrite(depth: int) -> bool:
+    """Whether the existence check being made is one of `_BEFORE_OVERWRITE`'s."""
+    frame: Any = sys._getframe(depth)
+    while frame is not None:
+        module = frame.f_globals.get("__name__") or ""
+        if module not in _PATH_MODULES:
+            return (module, frame.f_code.co_name) in _BEFORE_OVERWRITE
+        frame = frame.f_back
+    return False
+
+
 _real_stat = os.stat
 _real_lstat = os.lstat
 
@@ -317,6 +334,8 @@ def _wrap_stat_and_environ() -> Callable[[], None]:
                 try:
                     if not _asked_by_library(2):
                         kind_only = _asked_kind_only(2)
+                        if kind_only and _checked_before_overwrite(2):
+                            return original(path, *args, **kwargs)
                         for tracker in _active:
                             tracker.note_stat(path, kind_only=kind_only)
                 except Exception:  # noqa: BLE001 - never fail the user's stat

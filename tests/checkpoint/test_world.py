@@ -67,6 +67,25 @@ def test_an_existence_check_records_only_what_it_can_tell(tmp_path: Path) -> Non
     assert stat_key(str(out), kind_only=True) == "absent"
 
 
+def test_the_check_pil_makes_before_overwriting_a_picture_is_not_the_cells(tmp_path: Path) -> None:
+    """matplotlib's savefig reaches PIL's Image.save, which asks whether the file exists only
+    to remove a partial one after a failed write: a plot cell repeated after the audit wrote
+    its picture must not run again for that. The cell's own check stays an input."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = tmp_path / "plot.png"
+    tracker = _tracker()
+    with tracker.tracking():
+        _as_cell("fig, ax = plt.subplots()\nfig.savefig(out)\nplt.close(fig)", plt=plt, out=str(out))
+    assert out.exists() and str(out) not in tracker.kinds and str(out) not in tracker.stats
+    with tracker.tracking():
+        _as_cell("here = os.path.exists(out)", os=os, out=str(out))
+    assert tracker.kinds[str(out)] == "file"
+
+
 def test_environment_reads_and_impure_calls_are_the_cells(tmp_path: Path) -> None:
     tracker = _tracker()
     os.environ["NBREWIND_WORLD_TEST"] = "1"
