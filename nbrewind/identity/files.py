@@ -14,7 +14,7 @@ from collections import OrderedDict
 
 import xxhash
 
-__all__ = ["file_digest", "quiet_reads"]
+__all__ = ["file_digest", "quiet_reads", "read_file"]
 
 # Bound at import: a cell may run with os.stat wrapped (file metadata tracking), and
 # NBRewind's own stats must not be recorded as the cell's.
@@ -59,6 +59,32 @@ def file_digest(path: str | os.PathLike[str]) -> str | None:
         if len(_digest_cache) > _CACHE_SIZE:
             _digest_cache.popitem(last=False)
     return digest
+
+
+def read_file(path: str | os.PathLike[str]) -> tuple[bytes, str]:
+    """A regular file's bytes and their `file_digest`, from one read.
+
+    The digest is remembered for the file's stat only if the stat is the same before and
+    after the read (the file did not change while it was read), so a later
+    `file_digest` of it costs no second read.
+    """
+    absolute = os.path.abspath(os.fspath(path))
+    before = _stat(absolute)
+    quiet_reads.on = True
+    try:
+        with open(absolute, "rb") as handle:
+            data = handle.read()
+    finally:
+        quiet_reads.on = False
+    digest = xxhash.xxh3_128_hexdigest(data)
+    after = _stat(absolute)
+    key = (absolute, after.st_size, after.st_mtime_ns, after.st_ino, after.st_ctime_ns)
+    if stat.S_ISREG(after.st_mode) and key == (absolute, before.st_size, before.st_mtime_ns, before.st_ino, before.st_ctime_ns):
+        with _digest_lock:
+            _digest_cache[key] = digest
+            if len(_digest_cache) > _CACHE_SIZE:
+                _digest_cache.popitem(last=False)
+    return data, digest
 
 
 def _hash_file(path: str) -> str:

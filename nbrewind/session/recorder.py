@@ -16,7 +16,6 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbrewind.analysis.uses import attribute_names, name_uses
@@ -26,6 +25,7 @@ from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.outputs import encode_outputs
 from nbrewind.checkpoint.serialize import Unserializable
 from nbrewind.checkpoint.values import stage_group, stage_json
+from nbrewind.identity.files import read_file
 from nbrewind.session import outside, pseudo, purity
 from nbrewind.session.keys import user_names
 from nbrewind.session.plan import CellPlan, LastCell, Paths, RngLedger, env_key, reply_record, run_status
@@ -316,12 +316,11 @@ class Recorder:
             if not os.path.lexists(path) and path in files.created:
                 continue  # made and removed by the cell: nothing on disk changed
             if os.path.isfile(path):
-                blob = self._objects.stage_blob(Path(path).read_bytes())
+                data, key = read_file(path)  # one read gives both the stored bytes and the key
+                blob = self._objects.stage_blob(data)
                 draft.staged.append(blob)
                 draft.written += blob.new_bytes
-                changed[pseudo.name(Pseudo.FILE, relpath)] = Entry(
-                    blob.digest, HIDDEN, hidden.file_digest(path) or ABSENT, (), {"what": "file", "path": relpath}
-                )
+                changed[pseudo.name(Pseudo.FILE, relpath)] = Entry(blob.digest, HIDDEN, key, (), {"what": "file", "path": relpath})
             else:
                 changed[pseudo.name(Pseudo.FILE, relpath)] = Entry(
                     ABSENT, HIDDEN, ABSENT, (), {"what": "file", "path": relpath, "deleted": True}

@@ -232,6 +232,22 @@ def test_file_digest_content_missing_and_memo(tmp_path: Path, monkeypatch: pytes
     assert calls == [str(path)]
 
 
+def test_a_file_read_for_storing_gives_its_digest_and_needs_no_second_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nbrewind.identity import files
+
+    path = tmp_path / "written.bin"
+    payload = os.urandom((1 << 20) + 5)
+    path.write_bytes(payload)
+    calls: list[str] = []
+    real_hash = files._hash_file
+    monkeypatch.setattr(files, "_hash_file", lambda target: calls.append(target) or real_hash(target))
+    data, digest = files.read_file(path)
+    assert data == payload and digest == xxhash.xxh3_128_hexdigest(payload)
+    assert file_digest(path) == digest and calls == []  # remembered from the read
+    path.write_bytes(payload[:-1])
+    assert file_digest(path) == xxhash.xxh3_128_hexdigest(payload[:-1]) and calls == [str(path)]
+
+
 # -- environment and cwd ---------------------------------------------------------------
 
 
