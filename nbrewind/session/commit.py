@@ -36,6 +36,9 @@ class Committer:
         self._parent: int | None = None
         self._lost: set[str] = set()
         self._calibrated = False
+        # Digests found on disk by an earlier commit whose checkpoint names them: the catalog
+        # keeps them reachable, so gc leaves them, and they need no second look (writer thread).
+        self._present: set[str] = set()
 
     def submit(
         self,
@@ -92,7 +95,8 @@ class Committer:
         finally:
             # Names whose objects are not on disk (this write failed, or an earlier one
             # this checkpoint builds on) must be stored again by the next cell.
-            lost = {n for n, (digest, _) in entries.items() if digest != ABSENT and not objects.has(digest)}
+            known = self._present
+            lost = {n for n, (digest, _) in entries.items() if digest != ABSENT and digest not in known and not objects.has(digest)}
             if lost:
                 with self._lock:
                     self._lost |= lost
@@ -110,6 +114,7 @@ class Committer:
                 catalog.log_tasks([dataclasses.replace(row, cell_run_id=run_id) for row in tasks])
         with self._lock:
             self._parent = checkpoint_id
+        self._present.update(digest for digest, _ in entries.values() if digest != ABSENT)
 
 
 def _blobs(staged: list[Any]) -> Iterator[StagedBlob]:

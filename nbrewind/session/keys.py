@@ -147,7 +147,7 @@ class Keys:
         result = find_match(
             plan,
             self._state.entries,
-            lambda: catalog.find_cell_runs(plan.code_digest),
+            lambda: catalog.iter_cell_runs(plan.code_digest),
             lambda: plan.cell_id is not None and catalog.has_cell_id(plan.cell_id),
             self.current_key,
             self._is_pending,

@@ -45,7 +45,8 @@ def find_match(
 ) -> Match | Miss:
     """The run of ``plan``'s code to replay, or why there is none.
 
-    ``recorded_runs()`` lists the recorded runs of the same code, newest last;
+    ``recorded_runs()`` yields the recorded runs of the same code, newest first (the first
+    that matches is replayed, so the rest need not be read);
     ``had_cell()`` says whether this cell id was ever recorded (so a new digest
     reads "code changed"); ``current_key(name)`` is an input's key now;
     ``is_pending(name)`` says whether a name is still only a record (not loaded or made).
@@ -72,11 +73,10 @@ def find_match(
         return Miss(f"reads {', '.join(unstorable)}, whose state cannot be stored or compared")
     if "get_ipython" in effects.reads:
         return Miss("uses magics or get_ipython(), whose effects on the kernel a replay cannot restore")
-    runs = list(recorded_runs())
-    if not runs:
-        return Miss("code changed" if had_cell() else "no record of this code")
     first_mismatch = ""
-    for run in runs:
+    any_run = False
+    for run in recorded_runs():
+        any_run = True
         if run.status not in ("ok", "error") or run.checkpoint_id is None:
             continue
         if run.status == "error" and run.code != plan.code:
@@ -87,6 +87,8 @@ def find_match(
         if mismatch is None:
             return Match(run, f"code and {len(run.inputs or {})} inputs match cell run #{run.id}")
         first_mismatch = first_mismatch or mismatch
+    if not any_run:
+        return Miss("code changed" if had_cell() else "no record of this code")
     return Miss(first_mismatch or "no usable record")
 
 

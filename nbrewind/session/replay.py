@@ -65,7 +65,8 @@ class Replayer:
         """Bind the matched run's writes; its recorded outputs, and when replaying started."""
         run = plan.match
         assert run is not None and run.checkpoint_id is not None
-        entries = {k: Entry.from_meta(d, m) for k, (d, m) in self._catalog.checkpoint_entries(run.checkpoint_id).items()}
+        written = self._catalog.checkpoint_entries(run.checkpoint_id, run.writes or ())
+        entries = {k: Entry.from_meta(d, m) for k, (d, m) in written.items()}
         outputs = []
         objects = self._objects
         if run.outputs:

@@ -86,11 +86,19 @@ class CatalogTablesMixin:
         digest checked again, because SQLite answers from a damaged index as it
         stands (a flipped bit there could otherwise propose another cell's run).
         """
+        return list(self.iter_cell_runs(code_digest))
+
+    def iter_cell_runs(self, code_digest: str) -> Iterator[CellRun]:
+        """`find_cell_runs`, decoded one row at a time: a repeat usually replays the newest
+        run, and a notebook repeated many times has many runs of each cell."""
         rows = self._query(
             f"{_CELL_RUN_SELECT} WHERE id IN (SELECT id FROM cell_runs WHERE code_digest = ?) ORDER BY id DESC",
             (code_digest,),
         )
-        return [run for run in map(_cell_run, rows) if run.code_digest == code_digest]
+        for row in rows:
+            run = _cell_run(row)
+            if run.code_digest == code_digest:
+                yield run
 
     def has_cell_id(self, cell_id: str) -> bool:
         """Whether any recorded run came from the frontend cell `cell_id`."""
@@ -131,12 +139,25 @@ class CatalogTablesMixin:
         """Every checkpoint's header, oldest first (parents and owners, for retention)."""
         return [Checkpoint(*row) for row in self._query("SELECT id, cell_run_id, parent_id, created FROM checkpoints ORDER BY id")]
 
-    def checkpoint_entries(self, checkpoint_id: int) -> dict[str, tuple[str, dict[str, Any]]]:
-        """The checkpoint's ``name -> (digest, meta)`` map (meta is ``{}`` when none was given)."""
-        rows = self._query(
-            "SELECT name, digest, meta FROM checkpoint_entries WHERE checkpoint_id = ? ORDER BY name",
-            (checkpoint_id,),
-        )
+    def checkpoint_entries(self, checkpoint_id: int, names: Iterable[str] | None = None) -> dict[str, tuple[str, dict[str, Any]]]:
+        """The checkpoint's ``name -> (digest, meta)`` map (meta is ``{}`` when none was given),
+        or only its entries for `names` (a replay binds what the run wrote, not every name)."""
+        if names is None:
+            rows = self._query(
+                "SELECT name, digest, meta FROM checkpoint_entries WHERE checkpoint_id = ? ORDER BY name",
+                (checkpoint_id,),
+            )
+        else:
+            wanted = sorted(set(names))
+            if not wanted:
+                return {}
+            rows = []
+            for start in range(0, len(wanted), 500):  # SQLite's bound-parameter limit
+                part = wanted[start : start + 500]
+                rows += self._query(
+                    f"SELECT name, digest, meta FROM checkpoint_entries WHERE checkpoint_id = ? AND name IN ({', '.join('?' * len(part))})",
+                    (checkpoint_id, *part),
+                )
         return {name: (digest, loads(meta) or {}) for name, digest, meta in rows}
 
     # -- task log ----------------------------------------------------------------
