@@ -285,6 +285,8 @@ def run_notebook(
     client.on_notebook_start = on_notebook_start
     client.on_cell_start = on_start
     client.on_cell_executed = on_executed
+    if store_path is not None:
+        client._async_cleanup_kernel = _draining_first(client)  # type: ignore[method-assign]
     started = time.perf_counter()
     failure: CellExecutionError | None = None
     result = RunResult(str(path), short, str(store_path) if store_path else None, 0.0,
@@ -319,6 +321,30 @@ def run_notebook(
     if failure is not None and raise_on_error and not result.interrupted:
         raise failure
     return result
+
+
+_DRAIN = "get_ipython().kernel.nbrewind.writer.flush()"
+"""Run silently (not recorded) before the kernel is asked to shut down: returns once every
+recorded cell is durable, however slow the disk, so no shutdown wait can cut it short."""
+
+
+def _draining_first(client: Any) -> Callable[[], Any]:
+    """nbclient's kernel clean-up, preceded by waiting for the kernel's background writer."""
+    cleanup = client._async_cleanup_kernel
+
+    async def drain_then_clean_up() -> None:
+        kc = client.kc
+        if kc is not None and client.km is not None and await _alive(client.km):
+            with contextlib.suppress(Exception):  # a dead or stuck kernel: the shutdown wait still applies
+                await client.async_wait_for_reply(kc.execute(_DRAIN, silent=True, store_history=False))
+        await cleanup()
+
+    return drain_then_clean_up
+
+
+async def _alive(km: Any) -> bool:
+    result = km.is_alive()
+    return bool(await result) if asyncio.iscoroutine(result) else bool(result)
 
 
 def _errors(nb: Any, number: Mapping[int, int]) -> list[CellError]:

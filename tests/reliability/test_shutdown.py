@@ -95,10 +95,14 @@ def test_a_plain_nbclient_run_records_its_last_cell(tmp_path: Path, slow_env: di
     assert nbrewind_lines((tmp_path / "audit.err").read_text()) == []
 
 
-def test_jupyter_nbrewind_run_waits_for_the_writer(tmp_path: Path, slow_env: dict[str, str]) -> None:
-    """`jupyter nbrewind run` gives the kernel a long shutdown wait, so even with the wait
-    before the reply switched off every cell is durable when the command returns."""
-    env = dict(slow_env, NBREWIND_BACKLOG_SECONDS="1000")
+def test_jupyter_nbrewind_run_waits_for_the_writer(tmp_path: Path, kernel_env: dict[str, str]) -> None:
+    """`jupyter nbrewind run` waits for the kernel's writer before it asks the kernel to shut
+    down, so even with the wait before the reply switched off, and a disk so slow that the
+    last cell takes longer than any shutdown wait (0.4 s per fsync: over 20 s), every cell is
+    durable when the command returns."""
+    env = dict(kernel_env)
+    env["PYTHONPATH"] = os.pathsep.join((slow_disk(tmp_path / "slower", 0.4), env["PYTHONPATH"]))
+    env["NBREWIND_BACKLOG_SECONDS"] = "1000"
     nb = notebook(tmp_path / "nb.ipynb")
     cli = [sys.executable, "-c", "from nbrewind.cli import main; raise SystemExit(main())"]
     done = subprocess.run([*cli, "run", str(nb), "--kernel", "audit", "--json"], env=env, capture_output=True, text=True, timeout=300)
