@@ -110,8 +110,16 @@ _MISSING = object()
 def _generator_code(obj: object) -> types.CodeType | None:
     """The code of a suspended generator or coroutine that a notebook function made: it reads
     the notebook's globals each time it is resumed."""
-    frame = getattr(obj, "gi_frame", None) or getattr(obj, "cr_frame", None) or getattr(obj, "ag_frame", None)
-    if not isinstance(obj, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)) or frame is None:
+    # The type first: any other object's attributes may be anything (a Delayed makes one up).
+    if isinstance(obj, types.GeneratorType):
+        frame = obj.gi_frame
+    elif isinstance(obj, types.CoroutineType):
+        frame = obj.cr_frame
+    elif isinstance(obj, types.AsyncGeneratorType):
+        frame = obj.ag_frame
+    else:
+        return None
+    if frame is None:
         return None
     return frame.f_code if frame.f_globals.get("__name__") == "__main__" else None
 

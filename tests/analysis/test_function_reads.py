@@ -10,7 +10,7 @@ import functools
 import json
 import textwrap
 
-from nbrewind.analysis import global_names_of, is_notebook_object, transitive_reads
+from nbrewind.analysis import global_names_of, is_notebook_object, transitive_reads, value_reads
 
 
 def notebook(code: str, ns: dict[str, object] | None = None) -> dict[str, object]:
@@ -174,3 +174,17 @@ def test_custom_predicate_and_missing_names() -> None:
     ns = notebook("def f():\n    return K")
     assert transitive_reads({"f"}, ns, is_user_function=lambda obj: False) == {"f"}
     assert transitive_reads({"nope"}, ns) == {"nope"}
+
+
+def test_objects_that_make_up_attributes_are_not_taken_for_generators() -> None:
+    """A dask Delayed answers any attribute with another Delayed, whose truth raises: the walk
+    must ask for a generator's frame only of a generator (a cell holding delayed objects was
+    left unrecorded)."""
+    import dask
+
+    ns: dict[str, object] = {"__name__": "__main__"}
+    exec("STEP = 3\ndef gen(n):\n    for i in range(n):\n        yield i * STEP\ng = gen(4)\nnext(g)", ns)
+    ns["lazy"] = dask.delayed(sum)([1, 2])
+    assert value_reads(ns["lazy"]) == frozenset()
+    assert "STEP" in value_reads(ns["g"])
+    assert "STEP" in transitive_reads({"g", "lazy"}, ns)
