@@ -601,6 +601,19 @@ PATTERNS: list[Pattern] = [
         edit={1: "SCALE = 2.0"},
     ),
     pattern(
+        "dask_delayed_bound_to_a_name",
+        "a delayed object kept in a name and computed in a later cell after its input is edited: a stale replay prints 4. "
+        "A Delayed answers every attribute with another Delayed whose truth raises: its cells must still be recorded",
+        [
+            'import dask\ndask.config.set(scheduler="threads");',
+            "def inc(v):\n    return v + 1",
+            "N = 3",
+            "lazy = dask.delayed(inc, pure=True)(N)",
+            "print(lazy.compute())",
+        ],
+        edit={2: "N = 5"},
+    ),
+    pattern(
         "distributed_local_cluster_file",
         "a task on an in-process distributed LocalCluster reads in.txt, changed between runs: a stale replay prints 6 instead of 15. "
         "Kernel tier only: a cluster's threads and event loop outlive an in-process shell",
