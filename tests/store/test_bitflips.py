@@ -79,7 +79,9 @@ def test_no_bit_flip_reads_back_as_a_wrong_value(audited: Path, trust_db: None, 
         # flip in a file small enough to re-hash.
         assert tally.rewritten >= tally.files * (64 - 1), (kind, tally)
         if kind not in ("blob chunk",):
-            assert tally.rewritten == tally.flips, (kind, tally)
+            # A flip that still reads back as what was stored (a bit nothing decodes) leaves a
+            # sound file, which a put may keep; every other flip is rewritten.
+            assert tally.flips - tally.intact <= tally.rewritten <= tally.flips, (kind, tally)
     assert tallies["catalog"].detected > 0 and tallies["catalog"].intact > 0
 
 
