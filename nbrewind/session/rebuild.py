@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -240,19 +240,7 @@ class Rebuilder:
         scratch = LazyNamespace()
         dict.update(scratch, {k: v for k, v in dict.items(self._shell.user_ns) if k in policy.MODULE_DUNDERS})
 
-        def load(member: str, token: Any) -> dict[str, Any]:
-            item: Entry = token
-            if item.kind == UNSERIALIZABLE:
-                if item.digest in self._made:
-                    return {member: self._made[item.digest]}
-                return {member: self.rebuild(member, item)[member]}
-            try:
-                values = self._state.load(item, namespace=scratch)
-            except Exception:
-                values = self.regenerate(member, item, depth, into=scratch)
-            return {k: v for k, v in values.items() if k == member or isinstance(scratch.pending().get(k), Entry)}
-
-        scratch.set_loader(load)
+        scratch.set_loader(self._loader(scratch, depth, same_group=False))
         try:
             with self._as_then(entries) as names:
                 for member, item in names.items():
@@ -261,6 +249,32 @@ class Rebuilder:
         finally:
             scratch.set_loader(None)
         return scratch
+
+    def _loader(self, namespace: LazyNamespace, depth: int, *, same_group: bool) -> Callable[[str, Any], dict[str, Any]]:
+        """The loader of a namespace a recorded cell re-runs in: unstorable values from the
+        ones made again (or rebuilt), stored ones loaded with `namespace` as their globals (or
+        made again when unreadable), with the pending co-members of their group (only those
+        pending under the same entry, with `same_group`)."""
+
+        def load(member: str, token: Any) -> dict[str, Any]:
+            item: Entry = token
+            if item.kind == UNSERIALIZABLE:
+                if item.digest in self._made:
+                    return {member: self._made[item.digest]}
+                return {member: self.rebuild(member, item)[member]}
+            try:
+                values = self._state.load(item, namespace=namespace)
+            except Exception:
+                values = self.regenerate(member, item, depth, into=namespace)
+            pending = namespace.pending()
+
+            def wanted(k: str) -> bool:
+                other = pending.get(k)
+                return isinstance(other, Entry) and (not same_group or other.digest == item.digest)
+
+            return {k: v for k, v in values.items() if k == member or wanted(k)}
+
+        return load
 
     def _exec(self, code: str, label: str, namespace: dict[str, Any], failed: bool) -> None:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -333,22 +347,9 @@ class Rebuilder:
         saved = ns.save()
         hidden_ns = getattr(self._shell, "user_ns_hidden", {})
 
-        def load(member: str, token: Any) -> dict[str, Any]:
-            item: Entry = token
-            if item.kind == UNSERIALIZABLE:
-                if item.digest in self._made:
-                    return {member: self._made[item.digest]}
-                return {member: self.rebuild(member, item)[member]}
-            try:
-                values = self._state.load(item, namespace=ns)
-            except Exception:
-                values = self.regenerate(member, item, into=ns)
-            pending = ns.pending()
-            return {k: v for k, v in values.items() if k == member or (isinstance(pending.get(k), Entry) and pending[k].digest == item.digest)}
-
         made: dict[str, Any] = {}
         try:
-            ns.set_loader(load)
+            ns.set_loader(self._loader(ns, 0, same_group=True))
             with self._as_then(entries) as names:
                 for name in [n for n in ns.keys() if policy.is_user_name(n, dict.get(ns, n), hidden_ns)]:
                     dict.pop(ns, name, None)
