@@ -389,6 +389,235 @@ def test_bumping_a_slice_of_a_persisted_collection_bumps_only_what_it_needs() ->
         assert GATE.place(TARGET) < FIRST_PLACES, GATE.order()[:10]
 
 
+@pytest.fixture
+def no_plugin_errors(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Fail if a plugin hook raised: distributed logs that at INFO level and goes on."""
+    with caplog.at_level("INFO", logger="distributed"):
+        yield
+    failed = [r.getMessage() for r in caplog.records if "failed with exception" in r.getMessage()]
+    assert not failed, failed
+
+
+def _set_hold_timeout(client: Client, seconds: float) -> None:
+    """Set the worker plugin's hold timeout: long in ordering tests, so that a slow round
+    trip on a loaded machine cannot end a hold before the next link arrives."""
+
+    def set_it(dask_worker: Any) -> None:
+        dask_worker.plugins[priority.PLUGIN_NAME].hold_timeout = seconds
+
+    client.run(set_it)
+
+
+def _holds(client: Client) -> dict[str, Any]:
+    """The worker plugin's hold counters and the worker's thread count, once the loop is idle."""
+
+    def read(dask_worker: Any) -> dict[str, Any]:
+        plugin = dask_worker.plugins[priority.PLUGIN_NAME]
+        return {
+            "met": plugin.holds_met,
+            "timed_out": plugin.holds_timed_out,
+            "held": len(plugin.hold_seconds),
+            "nthreads": dask_worker.state.nthreads,
+            "pending": len(plugin._links) + len(plugin._armed) + len(plugin._held),
+        }
+
+    (stats,) = client.run(read).values()
+    return stats
+
+
+def _chain_on(client: Client, first: Future, length: int) -> list[Future]:
+    """Links ("chain", 1..length) of D each, the first depending on ``first``."""
+    links = [first]
+    for i in range(1, length + 1):
+        links.append(client.submit(link, links[-1], ("chain", i), pure=False))
+    return links[1:]
+
+
+@needs_cluster
+@pytest.mark.usefixtures("no_plugin_errors")
+def test_a_bumped_chain_runs_ahead_of_the_task_the_worker_holds() -> None:
+    """Each later link of a bumped chain starts on the thread its predecessor freed.
+
+    With queuing on (worker-saturation 1.1) the worker holds one unbumped task beyond
+    the one it runs. The chain is a queued task, then two links that wait on it on
+    the scheduler: each is sent only once its predecessor is done. Without holding the
+    freed thread, the held task starts while the next link travels and finishes
+    between every two links.
+    """
+    with one_thread_cluster() as client:
+        _set_hold_timeout(client, BUMP_TIMEOUT)
+        futures = client.map(gated, range(N_TASKS))
+        chain = _chain_on(client, futures[TARGET], 2)
+        GATE.wait_entered()
+        assert prioritize(chain[-1]) == 3
+        wait_for_bump(client, [futures[TARGET].key])
+        GATE.open()
+        assert chain[-1].result() == TARGET + 2
+        order = GATE.order()
+        start = order.index(TARGET)
+        assert order[start : start + 3] == [TARGET, ("chain", 1), ("chain", 2)], order[:10]
+        assert start < FIRST_PLACES, order[:10]
+        stats = _holds(client)
+        assert stats["met"] == 2 and stats["timed_out"] == 0, stats
+        assert stats["nthreads"] == 1 and stats["pending"] == 0, stats
+
+
+@needs_cluster
+@pytest.mark.usefixtures("no_plugin_errors")
+def test_a_bumped_slice_of_a_persisted_array_runs_as_one_chain() -> None:
+    """The issue's case: a slice of a persisted array, computed with automatic bumps,
+    runs its chunk, the task that slices and sums it and dask's finalize back to back:
+    no unbumped chunk finishes between the requested chunk and the result."""
+    da = pytest.importorskip("dask.array")
+    with one_thread_cluster() as client, enable_auto_priority(client):
+        _set_hold_timeout(client, BUMP_TIMEOUT)
+        persisted = da.zeros(N_TASKS, chunks=1).map_blocks(_gated_block, meta=_META).persist()
+        GATE.wait_entered()
+        piece = persisted[TARGET : TARGET + 1].map_blocks(_recorded_sum, meta=_META).sum()
+        got = open_when_bumped(client, [persisted.__dask_keys__()[TARGET]], piece.compute)
+        assert got == 1.0
+        order = GATE.order()
+        start = order.index(TARGET)
+        assert order[start : start + 2] == [TARGET, "sum"], order[:10]
+        assert start < FIRST_PLACES, order[:10]
+        assert _holds(client)["nthreads"] == 1
+
+
+def _recorded_sum(block: Any) -> Any:
+    """A map_blocks function on the slice: record finishing as "sum"."""
+    GATE.finished("sum")
+    return block
+
+
+@needs_cluster
+@pytest.mark.usefixtures("no_plugin_errors")
+def test_a_bumped_chain_on_the_worker_runs_without_noise_between_links() -> None:
+    """All work on the worker (worker-saturation inf): a bumped chain's links still
+    reach it one by one, and each takes the thread its predecessor freed."""
+    with one_thread_cluster(float("inf")) as client:
+        _set_hold_timeout(client, BUMP_TIMEOUT)
+        noise_futures = client.map(noise, range(N_TASKS))  # noqa: F841 - keeps the worker busy
+        first = client.submit(link, 0, ("chain", 0), priority=-1, pure=False)
+        chain = _chain_on(client, first, 3)
+        assert prioritize(chain[-1]) == 4
+        assert chain[-1].result() == 4
+        order = GATE.order()
+        start = order.index(("chain", 0))
+        assert order[start : start + 4] == [("chain", i) for i in range(4)], order[start : start + 8]
+        assert _holds(client)["nthreads"] == 1
+
+
+@needs_cluster
+@pytest.mark.usefixtures("no_plugin_errors")
+def test_a_hold_nothing_comes_for_ends_at_its_timeout() -> None:
+    """A link whose dependent never arrives keeps its thread only until the timeout;
+    the worker then runs what it holds, and its thread count is back."""
+    with one_thread_cluster() as client:
+        _set_hold_timeout(client, 0.2)
+        futures = client.map(gated, range(5), pure=False)
+        GATE.wait_entered()
+        key = futures[0].key  # running now; marked as a link whose follower never comes
+
+        def mark(dask_worker: Any) -> None:
+            dask_worker.plugins[priority.PLUGIN_NAME].handle_prioritize([], [], links=[key])
+
+        client.run(mark)
+        GATE.open()
+        assert client.gather(futures) == list(range(5))
+        stats = _holds(client)
+        assert stats["timed_out"] == 1 and stats["met"] == 0, stats
+        assert stats["nthreads"] == 1 and stats["pending"] == 0, stats
+
+
+@needs_cluster
+@pytest.mark.usefixtures("no_plugin_errors")
+def test_cancelling_the_rest_of_a_chain_releases_its_link() -> None:
+    """When the chain's later links are cancelled, the scheduler tells the worker: its
+    first link holds no thread (the timeout is long enough to tell)."""
+    with one_thread_cluster() as client:
+        _set_hold_timeout(client, BUMP_TIMEOUT)
+        futures = client.map(gated, range(N_TASKS))
+        chain = _chain_on(client, futures[TARGET], 2)
+        GATE.wait_entered()
+        assert prioritize(chain[-1]) == 3
+        wait_for_bump(client, [futures[TARGET].key])
+        client.cancel(chain)
+        deadline = time.monotonic() + BUMP_TIMEOUT
+        while _holds(client)["pending"]:
+            assert time.monotonic() < deadline, "the worker kept its link"
+            time.sleep(0.01)
+        GATE.open()
+        assert futures[TARGET].result() == TARGET
+        assert client.gather(futures[TARGET + 1 :]) == list(range(TARGET + 1, N_TASKS))
+        stats = _holds(client)
+        assert stats["held"] == 0 and stats["nthreads"] == 1, stats
+
+
+@needs_cluster
+@pytest.mark.usefixtures("no_plugin_errors")
+def test_tearing_the_worker_plugin_down_gives_the_threads_back() -> None:
+    with one_thread_cluster() as client:
+
+        def hold(dask_worker: Any) -> int:
+            plugin = dask_worker.plugins[priority.PLUGIN_NAME]
+            plugin.hold_timeout = BUMP_TIMEOUT
+            plugin._hold("nothing-will-come")
+            return int(dask_worker.state.nthreads)
+
+        assert list(client.run(hold).values()) == [0]
+        client.unregister_worker_plugin(priority.PLUGIN_NAME)
+        assert list(client.run(lambda dask_worker: dask_worker.state.nthreads).values()) == [1]
+        install_again = priority.client._installed
+        install_again.pop(client, None)
+        install(client)  # so that the fixture's teardown finds it as the tests expect
+        assert client.submit(sleep_inc, 1).result() == 2
+
+
+@needs_cluster
+@pytest.mark.usefixtures("no_plugin_errors")
+def test_bumps_without_a_chain_hold_nothing() -> None:
+    """Bumping independent tasks (a future's result) marks no link and holds no thread."""
+    with one_thread_cluster() as client, enable_auto_priority(client):
+        futures = client.map(gated, range(N_TASKS))
+        assert open_when_bumped(client, [futures[TARGET].key], futures[TARGET].result) == TARGET
+        GATE.open()
+        client.gather(futures)
+        stats = _holds(client)
+        assert stats == {"met": 0, "timed_out": 0, "held": 0, "nthreads": 1, "pending": 0}, stats
+
+        def scheduler_links(dask_scheduler: Any) -> int:
+            plugin = dask_scheduler.plugins[priority.PLUGIN_NAME]
+            return len(plugin._links) + len(plugin._followers)
+
+        assert client.run_on_scheduler(scheduler_links) == 0
+
+
+@needs_cluster
+@pytest.mark.usefixtures("no_plugin_errors")
+def test_a_chain_on_two_threads_finishes_with_every_thread_back() -> None:
+    """Two threads: while a link runs, the other thread goes on with the noise (its
+    slot is refilled when the link's reservation left it idle); the chain still runs
+    link after link, and both threads are free at the end."""
+    global GATE
+    GATE = Gate()
+    GATE.open()
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        install(client)
+        _set_hold_timeout(client, BUMP_TIMEOUT)
+        noise_futures = client.map(noise, range(N_TASKS))
+        first = client.submit(link, 0, ("chain", 0), pure=False)
+        chain = _chain_on(client, first, 3)
+        assert prioritize(chain[-1]) == 4
+        assert chain[-1].result() == 4
+        client.gather(noise_futures)
+        order = GATE.order()
+        assert sum(label[0] == "noise" for label in order[: order.index(("chain", 3))]) < N_TASKS // 2, order
+        assert _holds(client)["nthreads"] == 2
+
+
 #: map_blocks's meta, given so that dask does not call the gated function to infer it.
 _META = np.empty((0,), dtype=float)
 

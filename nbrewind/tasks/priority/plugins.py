@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Hashable, Iterable
 from typing import Any
 
@@ -29,6 +29,9 @@ ACTIVE_STATES = ("waiting", "queued", "no-worker", "processing")
 PENDING_TTL = 60.0
 #: Seconds a request waits for unknown keys to arrive before replying.
 ARRIVAL_WAIT = 2.0
+#: Seconds a worker keeps the thread of a finished link of a bumped chain free for the
+#: next link, at most (it arrives a scheduler round trip later; see _WorkerSide).
+HOLD_TIMEOUT = 0.05
 
 _MARK = float("-inf")
 
@@ -95,6 +98,10 @@ class _SchedulerSide:
         self.auto_noops = 0
         #: Seconds the scheduler spent deciding and applying automatic bumps.
         self.auto_seconds = 0.0
+        #: Bumped tasks, not done yet, that bumped tasks depend on (links of a chain).
+        self._links: set[Hashable] = set()
+        #: Bumped tasks, not sent to a worker yet, that depend on links.
+        self._followers: set[Hashable] = set()
 
     async def start(self, scheduler: Any) -> None:
         """Install the RPC handler when the plugin is added to a scheduler."""
@@ -105,6 +112,8 @@ class _SchedulerSide:
         """Remove the RPC handler when the scheduler closes."""
         if self.scheduler is not None:
             self.scheduler.handlers.pop(SCHEDULER_OP, None)
+        self._links.clear()
+        self._followers.clear()
 
     async def handle_prioritize(self, keys: list[Hashable], auto: bool = False) -> dict[str, int]:
         """Bump ``keys`` and what they wait on; reply with how many tasks changed.
@@ -204,12 +213,22 @@ class _SchedulerSide:
             return 0
         queued = []
         by_worker: defaultdict[str, list[Hashable]] = defaultdict(list)
+        chosen_ids = {id(ts) for ts in chosen}
         for ts in chosen:
             ts.priority = head + strip_bump(ts.priority)
+            # Links: tasks of this bump depend on them (see _WorkerSide); followers: they
+            # depend on tasks of this bump.
+            if any(id(dts) in chosen_ids for dts in ts.dependents):
+                self._links.add(ts.key)
+            if any(id(dts) in chosen_ids for dts in ts.dependencies):
+                self._followers.add(ts.key)
             if ts.state == "queued":
                 queued.append(ts)
             elif ts.state == "processing" and ts.processing_on is not None:
                 by_worker[ts.processing_on.address].append(ts.key)
+        links_by_worker: defaultdict[str, list[Hashable]] = defaultdict(list)
+        for address, keys in by_worker.items():
+            links_by_worker[address] = [key for key in keys if key in self._links and self._leads_on(self.scheduler.tasks[key])]
         if queued:
             reheap(self.scheduler.queued)
         if self._arriving:  # inside update_graph: the new tasks are queued once it is done
@@ -220,11 +239,84 @@ class _SchedulerSide:
             self.scheduler.send_all(
                 {},
                 {
-                    address: [{"op": WORKER_OP, "keys": keys, "head": list(head)}]
+                    address: [{"op": WORKER_OP, "keys": keys, "head": list(head), "links": links_by_worker.get(address, [])}]
                     for address, keys in by_worker.items()
                 },
             )
         return len(chosen)
+
+    def transition(self, key: Hashable, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        """Follow the links of bumped chains (a no-op while there are none).
+
+        A link going to a worker: tell that worker it is one. The message goes onto the
+        worker's batched stream from inside the transition, so it is ahead of the link's
+        own ``compute-task``, which the scheduler sends once its transitions are done.
+        A follower (a task that links lead to) going to a worker other than the one
+        holding its link's result, or dropped (cancelled, failed): tell the workers
+        holding a thread for it to stop. Links and followers are forgotten once they
+        are done with.
+        """
+        if not (self._links or self._followers):
+            return
+        if key in self._followers and finish in _LEFT:
+            self._followers.discard(key)
+            self._follower_left(key, finish)
+        if key in self._links:
+            if finish == "processing":
+                ts = self.scheduler.tasks.get(key)
+                if ts is not None and ts.processing_on is not None and self._leads_on(ts):
+                    self._send(ts.processing_on.address, {"links": [key]})
+            elif finish in ("memory", "erred", "forgotten", "released"):
+                self._links.discard(key)
+                if finish == "memory":
+                    self._now_last(key)
+
+    def _leads_on(self, ts: Any) -> bool:
+        """Whether, once link ``ts`` is done, a follower of it can run at once where it
+        runs: all the follower waits on besides ``ts`` runs on the same worker (a chain,
+        or a reduction whose inputs are all there). A follower also waiting on another
+        worker is not worth holding a thread for; :meth:`_now_last` catches the moment it
+        comes to wait on ``ts`` alone."""
+        ws = ts.processing_on
+        followers = self._followers
+        return any(
+            dts.key in followers and all(w is ts or w.processing_on is ws for w in dts.waiting_on or ())
+            for dts in ts.dependents
+        )
+
+    def _now_last(self, key: Hashable) -> None:
+        """Link ``key`` is done: tell the worker of the link its followers now wait on alone."""
+        ts = self.scheduler.tasks.get(key)
+        if ts is None:
+            return
+        for dts in ts.dependents:
+            if dts.key in self._followers and dts.waiting_on is not None and len(dts.waiting_on) == 1:
+                (last,) = dts.waiting_on
+                if last.key in self._links and last.state == "processing" and last.processing_on is not None:
+                    self._send(last.processing_on.address, {"links": [last.key]})
+
+    def _follower_left(self, key: Hashable, finish: str) -> None:
+        """Release holds for ``key``, unless it went to processing where they are."""
+        ts = self.scheduler.tasks.get(key)
+        if ts is None:
+            return
+        going_to = ts.processing_on.address if finish == "processing" and ts.processing_on is not None else None
+        release: defaultdict[str, list[Hashable]] = defaultdict(list)
+        for dts in ts.dependencies:
+            if finish != "processing":
+                self._links.discard(dts.key)
+            where = {ws.address for ws in dts.who_has or ()}
+            if dts.processing_on is not None:
+                where.add(dts.processing_on.address)
+            for address in where - {going_to}:
+                release[address].append(dts.key)
+        for address, keys in release.items():
+            self._send(address, {"release": keys})
+
+    def _send(self, address: str, fields: dict[str, Any]) -> None:
+        stream = self.scheduler.stream_comms.get(address)
+        if stream is not None:
+            stream.send({"op": WORKER_OP, "keys": [], "head": [], **fields})
 
     def send_ahead(self, tasks: list[Any]) -> None:
         """Hand queued bumped tasks to workers now: per bump, at most one per thread
@@ -272,10 +364,29 @@ class _SchedulerSide:
 
 
 class _WorkerSide:
-    """Worker half: the ``nbrewind-prioritize`` stream handler.
+    """Worker half: the ``nbrewind-prioritize`` stream handler, and holding a thread
+    for the next link of a bumped chain.
 
-    It arrives on the scheduler's batched stream, after the ``compute-task``
-    messages of the keys it names, so the worker already knows those keys.
+    The handler's messages arrive on the scheduler's batched stream, after the
+    ``compute-task`` messages of the keys they name (so the worker knows them), and
+    before the ``compute-task`` of a key they mark as a link (so it is known when the
+    key starts).
+
+    A *link* is a bumped task that bumped tasks depend on (a chunk that a slice of it
+    waits for, the slice that dask's ``finalize`` waits for). When a link finishes,
+    its dependent is still on the scheduler: it is sent once the scheduler has heard
+    of the link's result, a round trip later. Meanwhile distributed's state machine
+    would start the next ready task on the freed thread (with queuing on, the worker
+    holds one beyond what it runs), and the dependent would wait for that task.
+    So while a link runs, and while no bumped task is ready to take its thread, its
+    thread is reserved: the worker's ``WorkerState.nthreads`` is lowered by one (the
+    one value the state machine compares running tasks against, read nowhere else
+    while the worker runs). The reservation ends, and ``nthreads`` is put back, when
+    a bumped task arrives to take the thread, :data:`HOLD_TIMEOUT` seconds after the
+    link finished, when the link fails, is cancelled or secedes, when a bumped task
+    becomes ready meanwhile, and when the plugin is torn down (worker close). A task
+    whose thread was kept back by a reservation it did not need (one on another
+    thread finishing while a link runs) is started on the next turn of the loop.
     """
 
     name = PLUGIN_NAME
@@ -283,33 +394,210 @@ class _WorkerSide:
 
     def __init__(self) -> None:
         self.worker: Any = None
+        #: Keys the scheduler marked as links that have not run here yet.
+        self._links: set[Hashable] = set()
+        #: Links running now, each with a thread reserved for what follows it.
+        self._armed: set[Hashable] = set()
+        #: Links that finished, each holding its thread for a bumped dependent until the timer.
+        self._held: dict[Hashable, asyncio.TimerHandle] = {}
+        #: The worker's own thread count (``nthreads`` without reservations).
+        self._threads = 0
+        #: True while a kick lets the running links' threads count as free for one pass.
+        self._lifting = False
+        self._kick_scheduled = False
+        #: Holds that ended with a bumped task arriving, and those that timed out.
+        self.holds_met = 0
+        self.holds_timed_out = 0
+        #: Seconds each of the last holds lasted (finish of the link to its release).
+        self.hold_seconds: deque[float] = deque(maxlen=1000)
+        self._held_since: dict[Hashable, float] = {}
+        #: :data:`HOLD_TIMEOUT` for this worker; 0 switches holding off.
+        self.hold_timeout = HOLD_TIMEOUT
 
     def setup(self, worker: Any) -> None:
         """Install the stream handler on a worker."""
         self.worker = worker
+        self._threads = worker.state.nthreads
         worker.stream_handlers[WORKER_OP] = self.handle_prioritize
 
     def teardown(self, worker: Any) -> None:
-        """Remove the stream handler."""
+        """Remove the stream handler; end every reservation (``nthreads`` as it was)."""
         worker.stream_handlers.pop(WORKER_OP, None)
+        for timer in self._held.values():
+            timer.cancel()
+        self._held.clear()
+        self._held_since.clear()
+        self._armed.clear()
+        self._links.clear()
+        self._lifting = False
+        self._apply()
 
-    def handle_prioritize(self, keys: list[Hashable], head: list[float], **kwargs: Any) -> None:
-        """Re-prioritize ``keys`` (and dependencies still to fetch) and re-sort the heaps."""
+    def handle_prioritize(
+        self,
+        keys: list[Hashable],
+        head: list[float],
+        links: Iterable[Hashable] = (),
+        release: Iterable[Hashable] = (),
+        **kwargs: Any,
+    ) -> None:
+        """Re-prioritize ``keys`` (and dependencies still to fetch) and re-sort the heaps;
+        mark ``links`` (keys with bumped dependents still to come); stop holding a thread
+        for ``release`` (their dependent was cancelled, or went to another worker)."""
         state = self.worker.state
-        prefix = tuple(head)
-        for key in keys:
+        for key in release:
+            self._links.discard(key)
+            self._unhold(key)
+        if keys:
+            prefix = tuple(head)
+            for key in keys:
+                ts = state.tasks.get(key)
+                if ts is None or ts.priority is None:
+                    continue
+                # The worker appends its own tie-breaker to the scheduler's priority; keep it.
+                ts.priority = prefix + strip_bump(ts.priority)
+                for dts in ts.dependencies:
+                    if dts.state == "fetch" and dts.priority is not None and dts.priority > ts.priority:
+                        dts.priority = prefix + strip_bump(dts.priority)
+            reheap(state.ready)
+            reheap(state.constrained)
+            for fetch_heap in state.data_needed.values():
+                reheap(fetch_heap)
+            if (self._armed or self._held) and self._bumped_ready():
+                self._release_all()
+        for key in links:
             ts = state.tasks.get(key)
-            if ts is None or ts.priority is None:
-                continue
-            # The worker appends its own tie-breaker to the scheduler's priority; keep it.
-            ts.priority = prefix + strip_bump(ts.priority)
-            for dts in ts.dependencies:
-                if dts.state == "fetch" and dts.priority is not None and dts.priority > ts.priority:
-                    dts.priority = prefix + strip_bump(dts.priority)
-        reheap(state.ready)
-        reheap(state.constrained)
-        for fetch_heap in state.data_needed.values():
-            reheap(fetch_heap)
+            if self.hold_timeout <= 0:
+                break
+            if ts is not None and ts.state == "executing":
+                self._arm(key)  # already running: the bump came late
+            elif ts is None or ts.state not in ("memory", "error"):
+                self._links.add(key)
+        if len(self._links) > 2 * len(state.tasks) + 1000:  # marks for keys that never came
+            self._links.intersection_update(state.tasks)
+
+    # -- reservations ------------------------------------------------------------
+
+    def transition(self, key: Hashable, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        """Follow links through the worker's state machine (a no-op when there are none)."""
+        if not (self._links or self._armed or self._held):
+            return
+        if finish == "executing":
+            if key in self._links:
+                self._links.discard(key)
+                self._arm(key)
+            return
+        if start == "executing" or start == "long-running":
+            if key in self._armed:
+                self._armed.discard(key)
+                if finish == "memory" and not self._bumped_ready():
+                    self._hold(key)  # the thread stays reserved, now for the dependent
+                else:
+                    self._apply()
+                    self._kick()
+            elif self._armed:
+                # A task on another thread finished while a link runs: the state machine
+                # counted the link's reservation too and left this thread idle.
+                self._kick()
+        if finish == "waiting":
+            if self._held:
+                ts = self.worker.state.tasks.get(key)
+                if ts is not None and _is_bumped(ts.priority):
+                    self._release_all(met=True)
+        elif finish in ("ready", "constrained"):
+            if self._armed and (ts := self.worker.state.tasks.get(key)) is not None and _is_bumped(ts.priority):
+                self._armed.clear()  # it takes the link's thread when the link ends
+                self._apply()
+                self._kick()
+        elif finish in ("memory", "error", "released", "forgotten"):
+            self._links.discard(key)
+
+    def _bumped_ready(self) -> bool:
+        """Whether the task the worker would start next is a bumped one."""
+        state = self.worker.state
+        return any(heap and _is_bumped(heap.peek().priority) for heap in (state.ready, state.constrained))
+
+    def _arm(self, key: Hashable) -> None:
+        if self.hold_timeout <= 0 or self._bumped_ready():
+            return  # that task takes the thread when the link ends
+        self._armed.add(key)
+        self._apply()
+
+    def _hold(self, key: Hashable) -> None:
+        loop = asyncio.get_running_loop()
+        self._held[key] = loop.call_later(self.hold_timeout, self._timed_out, key)
+        self._held_since[key] = time.monotonic()
+        self._apply()
+
+    def _timed_out(self, key: Hashable) -> None:
+        if self._held.pop(key, None) is not None:
+            self.holds_timed_out += 1
+            self.hold_seconds.append(time.monotonic() - self._held_since.pop(key))
+            self._apply()
+            self._kick()
+
+    def _unhold(self, key: Hashable) -> None:
+        timer = self._held.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+            self.hold_seconds.append(time.monotonic() - self._held_since.pop(key))
+        elif key in self._armed:
+            self._armed.discard(key)
+        else:
+            return
+        self._apply()
+        self._kick()
+
+    def _release_all(self, met: bool = False) -> None:
+        now = time.monotonic()
+        for key, timer in self._held.items():
+            timer.cancel()
+            self.hold_seconds.append(now - self._held_since.pop(key))
+            self.holds_met += met
+        self._held.clear()
+        self._armed.clear()
+        self._apply()
+        self._kick()
+
+    def _apply(self) -> None:
+        """Set the state machine's thread count to the worker's threads less the reservations."""
+        if self.worker is None:
+            return
+        reserved = len(self._held) + (0 if self._lifting else len(self._armed))
+        self.worker.state.nthreads = max(self._threads - reserved, 0)
+
+    def _kick(self) -> None:
+        """On the next turn of the loop, start what the free threads can take."""
+        if not self._kick_scheduled:
+            self._kick_scheduled = True
+            asyncio.get_running_loop().call_soon(self._run_kick)
+
+    def _run_kick(self) -> None:
+        self._kick_scheduled = False
+        worker = self.worker
+        if worker is None or worker.status.name != "running" or not worker.state.running:
+            return  # paused or closing: unpausing runs the same pass
+        from distributed.worker_state_machine import UnpauseEvent
+
+        # Running links hold their thread by counting twice (running, and reserved):
+        # for this pass only the reservation of finished links counts.
+        self._lifting = True
+        self._apply()
+        try:
+            # The state machine's one event that only starts what it can (its flag
+            # "running" is already true, or this would not run).
+            worker.handle_stimulus(UnpauseEvent(stimulus_id=f"nbrewind-priority-hold-{time.time()}"))
+        finally:
+            self._lifting = False
+            self._apply()
+
+
+#: Scheduler states a follower goes to that end a hold for it (it is on its way to a
+#: worker, or will never be).
+_LEFT = frozenset({"processing", "memory", "erred", "released", "forgotten"})
+
+
+def _is_bumped(priority: Any) -> bool:
+    return bool(priority) and priority[0] == _MARK
 
 
 # Module attributes PrioritySchedulerPlugin and PriorityWorkerPlugin, built on first access.
