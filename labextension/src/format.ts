@@ -5,12 +5,15 @@
 
 import { IPlanCell, IReplyInfo } from './protocol';
 
-/** Seconds as people read them: "12 ms", "0.4 s", "4.1 s", "73 s", "5.2 min". */
+/** Seconds as people read them: "<1 ms", "12 ms", "0.4 s", "4.1 s", "73 s", "5.2 min". */
 export function seconds(value: number | null): string {
   if (value === null || !Number.isFinite(value)) {
     return '?';
   }
   const s = Math.max(0, value);
+  if (s < 0.001) {
+    return '<1 ms';
+  }
   if (s < 0.1) {
     return `${Math.round(s * 1000)} ms`;
   }

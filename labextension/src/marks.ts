@@ -142,6 +142,7 @@ export class CellMarks implements IDisposable {
   ) {
     watcher.sent.connect(this._onSent, this);
     watcher.replied.connect(this._onReplied, this);
+    _panel.sessionContext.kernelChanged.connect(this._onKernelChanged, this);
   }
 
   get isDisposed(): boolean {
@@ -157,6 +158,7 @@ export class CellMarks implements IDisposable {
       model.sharedModel.changed.disconnect(this._onCellChanged, this);
     }
     this._watched.clear();
+    this._panel.sessionContext.kernelChanged.disconnect(this._onKernelChanged, this);
     Signal.clearData(this);
   }
 
@@ -190,6 +192,25 @@ export class CellMarks implements IDisposable {
         delete state.plan;
         this._renderId(id);
       }
+    }
+  }
+
+  /** Remove every badge and marker. */
+  clearAll(): void {
+    const ids = [...this._states.keys()];
+    this._states.clear();
+    for (const id of ids) {
+      this._renderId(id);
+    }
+  }
+
+  /** A plan is for the kernel that made it; badges stay while the kernel is an NBRewind one. */
+  private _onKernelChanged(): void {
+    const kernel = this._panel.sessionContext.session?.kernel ?? null;
+    if (kernel !== null && !isNBRewindKernel(kernel.name)) {
+      this.clearAll();
+    } else {
+      this.clearPlan();
     }
   }
 

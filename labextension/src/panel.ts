@@ -41,7 +41,8 @@ function started(epoch: number | null): string {
     day: 'numeric',
     hour: '2-digit',
     minute: '2-digit',
-    second: '2-digit'
+    second: '2-digit',
+    hour12: false
   });
 }
 
@@ -59,9 +60,9 @@ export class RewindPanel extends Widget {
     const header = element('div', 'nbrewind-panel-header');
     header.appendChild(element('h2', 'nbrewind-panel-title', 'NBRewind'));
     const refresh = element('button', 'jp-Button jp-mod-minimal jp-mod-styled nbrewind-panel-refresh');
-    refresh.title = 'Refresh the list of cell runs';
-    refresh.setAttribute('aria-label', 'Refresh');
-    refreshIcon.element({ container: refresh, elementPosition: 'center', height: '16px', width: '16px' });
+    refresh.title = 'Ask the kernel for its cell runs again';
+    refresh.appendChild(refreshIcon.element({ tag: 'span', className: 'nbrewind-panel-refresh-icon' }));
+    refresh.appendChild(element('span', 'nbrewind-panel-refresh-label', 'Refresh'));
     refresh.addEventListener('click', () => void this.refresh());
     header.appendChild(refresh);
     this.node.appendChild(header);
@@ -242,16 +243,17 @@ export class RewindPanel extends Widget {
     }
     line.appendChild(decision);
     line.appendChild(element('span', 'nbrewind-run-duration', seconds(run.duration)));
-    const restore = element('button', 'jp-Button jp-mod-styled jp-mod-reject nbrewind-run-restore', 'Restore to here');
+    if (run.reason) {
+      line.appendChild(element('span', 'nbrewind-run-reason', shortReason(run.reason)));
+    }
+    node.appendChild(line);
+    const second = element('div', 'nbrewind-run-line');
+    second.appendChild(element('span', 'nbrewind-run-code', run.code || ' '));
+    const restore = element('button', 'jp-Button nbrewind-run-restore', 'Restore to here');
     restore.title = `Make the kernel's variables what they were after cell run #${run.cell_run}`;
     restore.addEventListener('click', () => void this._restore(run));
-    line.appendChild(restore);
-    node.appendChild(line);
-    const code = element('div', 'nbrewind-run-code', run.code || ' ');
-    node.appendChild(code);
-    if (run.reason) {
-      node.appendChild(element('div', 'nbrewind-run-reason', shortReason(run.reason)));
-    }
+    second.appendChild(restore);
+    node.appendChild(second);
     return node;
   }
 
