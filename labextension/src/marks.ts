@@ -143,6 +143,7 @@ export class CellMarks implements IDisposable {
     watcher.sent.connect(this._onSent, this);
     watcher.replied.connect(this._onReplied, this);
     _panel.sessionContext.kernelChanged.connect(this._onKernelChanged, this);
+    _panel.sessionContext.statusChanged.connect(this._onStatusChanged, this);
   }
 
   get isDisposed(): boolean {
@@ -159,6 +160,7 @@ export class CellMarks implements IDisposable {
     }
     this._watched.clear();
     this._panel.sessionContext.kernelChanged.disconnect(this._onKernelChanged, this);
+    this._panel.sessionContext.statusChanged.disconnect(this._onStatusChanged, this);
     Signal.clearData(this);
   }
 
@@ -210,6 +212,13 @@ export class CellMarks implements IDisposable {
     if (kernel !== null && !isNBRewindKernel(kernel.name)) {
       this.clearAll();
     } else {
+      this.clearPlan();
+    }
+  }
+
+  /** A restarted kernel starts from nothing: a plan made before says nothing about it. */
+  private _onStatusChanged(_: unknown, status: Kernel.Status): void {
+    if (status === 'restarting' || status === 'autorestarting' || status === 'dead') {
       this.clearPlan();
     }
   }

@@ -167,12 +167,14 @@ export class RewindPanel extends Widget {
     }
     if (this._notebook !== null) {
       this._notebook.sessionContext.kernelChanged.disconnect(this._onKernelChanged, this);
+      this._notebook.sessionContext.statusChanged.disconnect(this._onStatusChanged, this);
       this._watched?.replied.disconnect(this._onReplied, this);
     }
     this._notebook = notebook;
     this._watched = notebook ? this._watcherOf(notebook) ?? null : null;
     if (notebook !== null) {
       notebook.sessionContext.kernelChanged.connect(this._onKernelChanged, this);
+      notebook.sessionContext.statusChanged.connect(this._onStatusChanged, this);
       this._watched?.replied.connect(this._onReplied, this);
     }
     this._output.hidden = true;
@@ -182,6 +184,16 @@ export class RewindPanel extends Widget {
   private _onKernelChanged(): void {
     this._stale = true;
     this.scheduleRefresh();
+  }
+
+  /** A restarted kernel is a new session: show it once the kernel is up. */
+  private _onStatusChanged(_: unknown, status: Kernel.Status): void {
+    if (status === 'restarting' || status === 'autorestarting' || status === 'starting') {
+      this._restarting = true;
+    } else if (status === 'idle' && this._restarting) {
+      this._restarting = false;
+      this.scheduleRefresh();
+    }
   }
 
   private _onReplied(): void {
@@ -301,6 +313,7 @@ export class RewindPanel extends Widget {
   private _watched: KernelWatcher | null = null;
   private _generation = 0;
   private _stale = true;
+  private _restarting = false;
   private _soon = 0;
   private _late = 0;
   private readonly _subtitle: HTMLDivElement;
