@@ -9,10 +9,18 @@ inside the kernel with `time.perf_counter` around the one statement a user waits
 on, and every run uses fresh task arguments, so the audit kernel's task cache
 never serves a result (it stores them, as on a first run).
 
-The two rows of issue 19:
+The two rows of issue 19, and what the second costs the rest of the work:
 
 - `result`: `futs[150].result()` right after `client.map` of 200 tasks of 20 ms;
-- `slice`: `x[150].sum().compute()` on a persisted 200-block array of 20 ms blocks.
+- `slice`: `x[150].sum().compute()` on a persisted 200-block array of 20 ms blocks;
+- `slice-then-all`: that slice, then `wait(x)` for all 200 blocks: the time until
+  everything is done (the throughput check).
+
+In the NBRewind kernels every run measures these rows twice, as shipped and with the
+worker's thread holds for bumped chains switched off (the worker plugin's
+`hold_timeout` set to 0: what the kernels did before holds existed), and reads how
+long each hold lasted: the time from a link of the chain finishing on the worker to
+the next link arriving from the scheduler, one round trip.
 
 The gather policy, measured with automatic bumps on and then off
 (`nbrewind.auto-priority`) in one kernel: the `python3` one, where the notebook
@@ -96,6 +104,14 @@ SCENARIOS = {
         seconds = timed(lambda: x[{TARGET}].sum().compute())
         client.cancel(x); del x; settle()
     """,
+    "slice-then-all": f"""
+        x = da.zeros(({TASKS}, 1000), chunks=(1, 1000)).map_blocks(slow_block, fresh()).persist()
+        def slice_then_all():
+            x[{TARGET}].sum().compute()
+            wait(x)
+        seconds = timed(slice_then_all)
+        del x; settle()
+    """,
     "gather-10": f"""
         futs = client.map(slow, range({TASKS}), salt=fresh())
         seconds = timed(lambda: client.gather(futs[150:160]))
@@ -145,6 +161,14 @@ print(json.dumps(costs))
 """
 
 SIDE_BY_SIDE = ("result", "slice")
+THROUGHPUT = ("slice-then-all",)
+#: Cell that sets the worker plugin's hold timeout (None: the plugin's default).
+HOLDS = """
+from nbrewind.tasks.priority.plugins import HOLD_TIMEOUT as _HOLD_TIMEOUT
+for _w in cluster.workers.values():
+    if 'nbrewind-priority' in _w.plugins:
+        _w.plugins['nbrewind-priority'].hold_timeout = _HOLD_TIMEOUT if {timeout} is None else {timeout}
+"""
 POLICY = ("gather-10", "all-after-gather", "whole-compute", "whole-compute-tiny", "gather-done-2000")
 
 
@@ -193,15 +217,25 @@ class Kernel:
 
     def seconds(self, scenario: str) -> tuple[float, float]:
         """The wait's seconds, and the seconds the scheduler spent on automatic bumps meanwhile."""
+        wait, scheduler, _, _ = self.measure(scenario)
+        return wait, scheduler
+
+    def measure(self, scenario: str) -> tuple[float, float, list[float], int]:
+        """:meth:`seconds`, with the seconds each thread hold on the workers lasted
+        meanwhile and how many of them ended at their timeout."""
         code = "\n".join([
             "_plugin = cluster.scheduler.plugins.get('nbrewind-priority')",
             "_before = _plugin.auto_seconds if _plugin else 0.0",
+            "_wp = [w.plugins['nbrewind-priority'] for w in cluster.workers.values() if 'nbrewind-priority' in w.plugins]",
+            "_hb = [(len(p.hold_seconds), p.holds_timed_out) for p in _wp]",
             textwrap.dedent(SCENARIOS[scenario]),
             "_plugin = cluster.scheduler.plugins.get('nbrewind-priority')",
-            "print(json.dumps([seconds, (_plugin.auto_seconds if _plugin else 0.0) - _before]))",
+            "_holds = [h for p, (n, _) in zip(_wp, _hb) for h in list(p.hold_seconds)[n:]]",
+            "_timeouts = sum(p.holds_timed_out - t for p, (_, t) in zip(_wp, _hb))",
+            "print(json.dumps([seconds, (_plugin.auto_seconds if _plugin else 0.0) - _before, _holds, _timeouts]))",
         ])
-        wait, scheduler = self.json(code)
-        return float(wait), float(scheduler)
+        wait, scheduler, holds, timeouts = self.json(code)
+        return float(wait), float(scheduler), [float(h) for h in holds], int(timeouts)
 
     def close(self) -> None:
         self.kc.stop_channels()
@@ -229,8 +263,16 @@ def measure(runs: int, kernels: list[str], policy_kernel: str, saturation: float
                 for _ in range(runs):
                     if name in kernels:
                         kernel.run("set_auto_priority(True)" if policy else "pass")
-                        for scenario in SIDE_BY_SIDE:
-                            results.setdefault(name, {}).setdefault(scenario, []).append(kernel.seconds(scenario)[0])
+                        # In the NBRewind kernels: as shipped, then with holds off (what they did before).
+                        for label, timeout in [(name, None), *([(f"{name} holds off", 0)] if name.startswith("nbrewind") else [])]:
+                            kernel.run(HOLDS.format(timeout=timeout))
+                            for scenario in (*SIDE_BY_SIDE, *THROUGHPUT):
+                                wait, _, holds, timeouts = kernel.measure(scenario)
+                                results.setdefault(label, {}).setdefault(scenario, []).append(wait)
+                                if holds or timeouts:
+                                    results.setdefault("holds", {}).setdefault(f"{name} {scenario} ms", []).extend(h * 1000 for h in holds)
+                                    results["holds"].setdefault(f"{name} {scenario} timeouts", []).append(timeouts)
+                        kernel.run(HOLDS.format(timeout=None))
                     if not policy:
                         continue
                     if not name.startswith("nbrewind"):
@@ -266,22 +308,48 @@ def measure(runs: int, kernels: list[str], policy_kernel: str, saturation: float
 def format_tables(data: dict[str, Any]) -> str:
     """The side-by-side rows, the policy rows and the per-call costs as plain text."""
     median, duration = data["median"], data["duration"]
-    kernels = [k for k in median if " auto " not in k and k != "client" and SIDE_BY_SIDE[0] in median[k]]
+    kernels = [
+        k for k in median if " auto " not in k and " holds off" not in k and k not in ("client", "holds") and SIDE_BY_SIDE[0] in median[k]
+    ]
     saturation = data.get("saturation")
     lines = [
         f"{data['runs']} runs; medians in seconds; D = {duration * 1000:.0f} ms; "
         f"worker-saturation {'default' if saturation is None else saturation}",
         "",
     ]
-    header = f"{'action':<10}" + "".join(f"{k:>18}{'÷D':>7}" for k in kernels)
+    header = f"{'action':<16}" + "".join(f"{k:>18}{'÷D':>7}" for k in kernels)
     lines.append(header + (f"{'ratio':>8}" if len(kernels) == 2 else ""))
-    for scenario in SIDE_BY_SIDE:
-        row = f"{scenario:<10}"
+    for scenario in (*SIDE_BY_SIDE, *THROUGHPUT):
+        if not all(scenario in median[k] for k in kernels):
+            continue
+        row = f"{scenario:<16}"
         for k in kernels:
             row += f"{median[k][scenario]:>18.3f}{median[k][scenario] / duration:>7.1f}"
         if len(kernels) == 2:
             row += f"{median[kernels[0]][scenario] / median[kernels[1]][scenario]:>8.1f}"
         lines.append(row)
+    for k in kernels:
+        off = f"{k} holds off"
+        if off not in median:
+            continue
+        lines += ["", f"{k}: holds on vs off{'':<6}{'on':>10}{'÷D':>7}{'off':>10}{'÷D':>7}{'on/off':>8}"]
+        for scenario in (*SIDE_BY_SIDE, *THROUGHPUT):
+            on_s, off_s = median[k][scenario], median[off][scenario]
+            lines.append(
+                f"{scenario:<32}{on_s:>10.3f}{on_s / duration:>7.1f}{off_s:>10.3f}{off_s / duration:>7.1f}{on_s / off_s:>8.2f}"
+            )
+    if "holds" in median:
+        lines += ["", "thread holds (link finished on the worker -> next link arrived), per scenario:"]
+        holds = data["seconds"]["holds"]
+        for what, values in holds.items():
+            if what.endswith(" ms"):
+                base = what[: -len(" ms")]
+                ordered = sorted(values)
+                p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+                lines.append(
+                    f"  {base}: {len(values)} holds, median {statistics.median(values):.1f} ms, 90th pct {p90:.1f} ms, "
+                    f"max {max(values):.1f} ms, timeouts {sum(holds.get(base + ' timeouts', []))}"
+                )
     for label_on in [k for k in median if k.endswith(" auto on")]:
         label_off = label_on.replace(" auto on", " auto off")
         scheduler = median[f"{label_on} scheduler"]

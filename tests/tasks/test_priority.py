@@ -460,6 +460,20 @@ def test_a_bumped_chain_runs_ahead_of_the_task_the_worker_holds() -> None:
         stats = _holds(client)
         assert stats["met"] == 2 and stats["timed_out"] == 0, stats
         assert stats["nthreads"] == 1 and stats["pending"] == 0, stats
+        assert not _hooks_installed(client)  # the chain is done: no transition hook left
+
+
+def _hooks_installed(client: Client) -> list[str]:
+    """Where the plugins follow transitions now (they do only while a chain is outstanding)."""
+
+    def on_scheduler(dask_scheduler: Any) -> bool:
+        return "transition" in vars(dask_scheduler.plugins[priority.PLUGIN_NAME])
+
+    def on_worker(dask_worker: Any) -> bool:
+        return "transition" in vars(dask_worker.plugins[priority.PLUGIN_NAME])
+
+    found = ["scheduler"] if client.run_on_scheduler(on_scheduler) else []
+    return found + [address for address, yes in client.run(on_worker).items() if yes]
 
 
 @needs_cluster
@@ -590,6 +604,7 @@ def test_bumps_without_a_chain_hold_nothing() -> None:
             return len(plugin._links) + len(plugin._followers)
 
         assert client.run_on_scheduler(scheduler_links) == 0
+        assert not _hooks_installed(client)
 
 
 @needs_cluster
@@ -616,6 +631,42 @@ def test_a_chain_on_two_threads_finishes_with_every_thread_back() -> None:
         order = GATE.order()
         assert sum(label[0] == "noise" for label in order[: order.index(("chain", 3))]) < N_TASKS // 2, order
         assert _holds(client)["nthreads"] == 2
+
+
+@needs_cluster
+@pytest.mark.usefixtures("no_plugin_errors")
+def test_a_running_link_leaves_another_idle_thread_free_for_new_work() -> None:
+    """Two threads, one running a link (at the gate), the other idle: a task that
+    arrives meanwhile starts on the idle thread, not after the link."""
+    global GATE
+    GATE = Gate()
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        install(client)
+        _set_hold_timeout(client, BUMP_TIMEOUT)
+        try:
+            first = client.submit(gated, 0, pure=False)
+            chain = _chain_on(client, first, 1)
+            GATE.wait_entered()
+            assert prioritize(chain[-1]) == 2
+
+            def armed(dask_worker: Any) -> int:
+                return len(dask_worker.plugins[priority.PLUGIN_NAME]._armed)
+
+            deadline = time.monotonic() + BUMP_TIMEOUT
+            while list(client.run(armed).values()) != [1]:
+                assert time.monotonic() < deadline, "the running link was never marked"
+                time.sleep(0.01)
+            newcomer = client.submit(noise, 1, pure=False)
+            assert newcomer.result(timeout=BUMP_TIMEOUT) == 1  # while the link still waits at the gate
+            assert GATE.order() == [("noise", 1)]
+            GATE.open()
+            assert chain[-1].result() == 1
+            assert _holds(client)["nthreads"] == 2
+        finally:
+            GATE.open()
 
 
 #: map_blocks's meta, given so that dask does not call the gated function to infer it.

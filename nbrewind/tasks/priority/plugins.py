@@ -31,7 +31,7 @@ PENDING_TTL = 60.0
 ARRIVAL_WAIT = 2.0
 #: Seconds a worker keeps the thread of a finished link of a bumped chain free for the
 #: next link, at most (it arrives a scheduler round trip later; see _WorkerSide).
-HOLD_TIMEOUT = 0.05
+HOLD_TIMEOUT = 0.02
 
 _MARK = float("-inf")
 
@@ -114,6 +114,7 @@ class _SchedulerSide:
             self.scheduler.handlers.pop(SCHEDULER_OP, None)
         self._links.clear()
         self._followers.clear()
+        self._watch()
 
     async def handle_prioritize(self, keys: list[Hashable], auto: bool = False) -> dict[str, int]:
         """Bump ``keys`` and what they wait on; reply with how many tasks changed.
@@ -229,6 +230,7 @@ class _SchedulerSide:
         links_by_worker: defaultdict[str, list[Hashable]] = defaultdict(list)
         for address, keys in by_worker.items():
             links_by_worker[address] = [key for key in keys if key in self._links and self._leads_on(self.scheduler.tasks[key])]
+        self._watch()
         if queued:
             reheap(self.scheduler.queued)
         if self._arriving:  # inside update_graph: the new tasks are queued once it is done
@@ -245,8 +247,22 @@ class _SchedulerSide:
             )
         return len(chosen)
 
-    def transition(self, key: Hashable, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
-        """Follow the links of bumped chains (a no-op while there are none).
+    def _watch(self) -> None:
+        """Follow transitions while there are links or followers, and only then.
+
+        distributed calls every plugin's ``transition`` on every transition; while no
+        bumped chain is outstanding this plugin has none of its own (the instance
+        attribute is removed, so the base class's empty one is called), so it costs
+        exactly what any plugin costs.
+        """
+        if self._links or self._followers:
+            if "transition" not in self.__dict__:
+                self.__dict__["transition"] = self._follow
+        else:
+            self.__dict__.pop("transition", None)
+
+    def _follow(self, key: Hashable, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        """Follow the links of bumped chains (a scheduler transition hook, see :meth:`_watch`).
 
         A link going to a worker: tell that worker it is one. The message goes onto the
         worker's batched stream from inside the transition, so it is ahead of the link's
@@ -256,8 +272,6 @@ class _SchedulerSide:
         holding a thread for it to stop. Links and followers are forgotten once they
         are done with.
         """
-        if not (self._links or self._followers):
-            return
         if key in self._followers and finish in _LEFT:
             self._followers.discard(key)
             self._follower_left(key, finish)
@@ -270,6 +284,7 @@ class _SchedulerSide:
                 self._links.discard(key)
                 if finish == "memory":
                     self._now_last(key)
+        self._watch()
 
     def _leads_on(self, ts: Any) -> bool:
         """Whether, once link ``ts`` is done, a follower of it can run at once where it
@@ -474,13 +489,27 @@ class _WorkerSide:
                 self._links.add(key)
         if len(self._links) > 2 * len(state.tasks) + 1000:  # marks for keys that never came
             self._links.intersection_update(state.tasks)
+        self._watch()
 
     # -- reservations ------------------------------------------------------------
 
-    def transition(self, key: Hashable, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
-        """Follow links through the worker's state machine (a no-op when there are none)."""
-        if not (self._links or self._armed or self._held):
-            return
+    def _watch(self) -> None:
+        """Follow transitions while this worker has links, and only then (as the
+        scheduler side does, see ``PrioritySchedulerPlugin._watch``)."""
+        if self._links or self._armed or self._held:
+            if "transition" not in self.__dict__:
+                self.__dict__["transition"] = self._follow
+        else:
+            self.__dict__.pop("transition", None)
+
+    def _follow(self, key: Hashable, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        """Follow links through the worker's state machine (a transition hook, see :meth:`_watch`)."""
+        try:
+            self._step(key, start, finish)
+        finally:
+            self._watch()
+
+    def _step(self, key: Hashable, start: str, finish: str) -> None:
         if finish == "executing":
             if key in self._links:
                 self._links.discard(key)
@@ -504,9 +533,13 @@ class _WorkerSide:
                 if ts is not None and _is_bumped(ts.priority):
                     self._release_all(met=True)
         elif finish in ("ready", "constrained"):
-            if self._armed and (ts := self.worker.state.tasks.get(key)) is not None and _is_bumped(ts.priority):
-                self._armed.clear()  # it takes the link's thread when the link ends
-                self._apply()
+            if self._armed:
+                ts = self.worker.state.tasks.get(key)
+                if ts is not None and _is_bumped(ts.priority):
+                    self._armed.clear()  # it takes the link's thread when the link ends
+                    self._apply()
+                # With several threads one may be idle: the state machine counted the
+                # running links' reservations too when it did not start this task.
                 self._kick()
         elif finish in ("memory", "error", "released", "forgotten"):
             self._links.discard(key)
@@ -564,6 +597,7 @@ class _WorkerSide:
             return
         reserved = len(self._held) + (0 if self._lifting else len(self._armed))
         self.worker.state.nthreads = max(self._threads - reserved, 0)
+        self._watch()
 
     def _kick(self) -> None:
         """On the next turn of the loop, start what the free threads can take."""
