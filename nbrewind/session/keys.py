@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from nbrewind.analysis import DYNAMIC_NAMES, CellEffects, analyze_cell, transitive_reads
+from nbrewind.analysis import DYNAMIC_NAMES, CellEffects, RecordedReads, analyze_cell, transitive_reads
 from nbrewind.checkpoint import hidden
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.serialize import Unserializable, digest_value
@@ -58,8 +58,10 @@ class Keys:
         self._paths = paths
         self._catalog = catalog
 
-    def plan(self, code: str, cell_id: str | None, msg_id: str | None) -> CellPlan:
-        """The request's plan: its effects, reads and inputs, and on repeat the decision."""
+    def analyse(self, code: str, cell_id: str | None, msg_id: str | None, view: RecordedReads | None = None) -> CellPlan:
+        """The request's code, effects and reads, before any input is keyed. `view` is the
+        namespace as `transitive_reads` sees it (the kernel's now, unless a forecast says
+        otherwise)."""
         try:
             transformed = self._shell.transform_cell(code)
         except Exception:
@@ -74,7 +76,14 @@ class Keys:
             msg_id=msg_id,
             effects=effects,
         )
-        plan.reads = self.reads(effects)
+        plan.reads = self.reads(effects, view)
+        return plan
+
+    def plan(self, code: str, cell_id: str | None, msg_id: str | None) -> CellPlan:
+        """The request's plan: its effects, reads and inputs, and on repeat the decision."""
+        plan = self.analyse(code, cell_id, msg_id)
+        effects = plan.effects
+        assert effects is not None
         plan.inputs = {name: self.key(name) for name in sorted(plan.reads)}
         if effects.dynamic or plan.reads & DYNAMIC_NAMES:
             # `'x' in globals()`: which names exist is itself an input.
@@ -83,16 +92,21 @@ class Keys:
             self._find_match(plan)
         return plan
 
-    def reads(self, effects: CellEffects) -> set[str]:
+    def reads(self, effects: CellEffects, view: RecordedReads | None = None) -> set[str]:
         """Every name whose value the cell may depend on (statically, and through the
         notebook functions it calls)."""
+        names = user_names(self._shell) if view is None else set(view)
         if effects.dynamic:
-            return user_names(self._shell) | set(effects.reads) | set(effects.mutated)
+            return names | set(effects.reads) | set(effects.mutated)
         reads = set(effects.reads) | set(effects.mutated) | set(effects.deletes)
-        reads |= set(transitive_reads(frozenset(reads), FunctionView(self._shell.user_ns, self._state.entries)))
+        reads |= set(transitive_reads(frozenset(reads), self.function_view() if view is None else view))
         if reads & DYNAMIC_NAMES:
-            return reads | user_names(self._shell)
+            return reads | names
         return reads
+
+    def function_view(self) -> FunctionView:
+        """The kernel's namespace as `transitive_reads` sees it now."""
+        return FunctionView(self._shell.user_ns, self._state.entries)
 
     def key(self, name: str) -> str:
         """The digest a cell key records for `name` now."""

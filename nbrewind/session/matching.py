@@ -17,7 +17,7 @@ from nbrewind.session.plan import CellPlan
 from nbrewind.session.state import UNSERIALIZABLE, Entry, replayable_resource
 from nbrewind.store.catalog import CellRun
 
-__all__ = ["Match", "Miss", "find_match", "first_changed_input"]
+__all__ = ["Match", "Miss", "find_match", "first_changed_input", "never_replayed", "unusable_run"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,28 @@ def find_match(
     Once made, it lives in the kernel and its state cannot be compared: cells that read
     it run.
     """
+    never = never_replayed(plan, entries, is_pending)
+    if never is not None:
+        return never
+    first_mismatch = ""
+    any_run = False
+    for run in recorded_runs():
+        any_run = True
+        unusable = unusable_run(plan, run)
+        if unusable is not None:
+            first_mismatch = first_mismatch or unusable
+            continue
+        mismatch = first_changed_input(run, current_key)
+        if mismatch is None:
+            return Match(run, f"code and {len(run.inputs or {})} inputs match cell run #{run.id}")
+        first_mismatch = first_mismatch or mismatch
+    if not any_run:
+        return Miss("code changed" if had_cell() else "no record of this code")
+    return Miss(first_mismatch or "no usable record")
+
+
+def never_replayed(plan: CellPlan, entries: Mapping[str, Entry], is_pending: Callable[[str], bool]) -> Miss | None:
+    """Why no recorded run of ``plan`` may be replayed, whatever its inputs, or None."""
     effects = plan.effects
     assert effects is not None
     if plan.reads & policy.HISTORY_READS:
@@ -73,23 +95,18 @@ def find_match(
         return Miss(f"reads {', '.join(unstorable)}, whose state cannot be stored or compared")
     if "get_ipython" in effects.reads:
         return Miss("uses magics or get_ipython(), whose effects on the kernel a replay cannot restore")
-    first_mismatch = ""
-    any_run = False
-    for run in recorded_runs():
-        any_run = True
-        if run.status not in ("ok", "error") or run.checkpoint_id is None:
-            continue
-        if run.status == "error" and run.code != plan.code:
-            # Its traceback shows the recorded source lines; the edited cell must show its own.
-            first_mismatch = first_mismatch or "the recorded run raised and its traceback shows the old source"
-            continue
-        mismatch = first_changed_input(run, current_key)
-        if mismatch is None:
-            return Match(run, f"code and {len(run.inputs or {})} inputs match cell run #{run.id}")
-        first_mismatch = first_mismatch or mismatch
-    if not any_run:
-        return Miss("code changed" if had_cell() else "no record of this code")
-    return Miss(first_mismatch or "no usable record")
+    return None
+
+
+def unusable_run(plan: CellPlan, run: CellRun) -> str | None:
+    """Why ``run`` cannot be replayed for ``plan`` whatever the inputs (it did not finish,
+    or its traceback shows other source), or None; "" for a run that did not finish."""
+    if run.status not in ("ok", "error") or run.checkpoint_id is None:
+        return ""
+    if run.status == "error" and run.code != plan.code:
+        # Its traceback shows the recorded source lines; the edited cell must show its own.
+        return "the recorded run raised and its traceback shows the old source"
+    return None
 
 
 def first_changed_input(run: CellRun, current_key: Callable[[str], str]) -> str | None:

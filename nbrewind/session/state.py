@@ -140,13 +140,7 @@ class LiveState:
 
         `inputs` are the run's recorded input keys: a replay's are the recorded run's, so
         a replayed cell leaves the key the recorded one left."""
-        for name in reads:
-            entry = self.entries.get(name)
-            if entry is None or entry.kind != UNSERIALIZABLE or inputs.get(name) != entry.key:
-                continue
-            listed = "|".join(f"{k}={v}" for k, v in sorted(inputs.items()))
-            used = digest_bytes(("used|" + code_digest + "|" + listed).encode())
-            self.entries[name] = Entry(entry.digest, entry.kind, used, entry.group, entry.extra)
+        self.entries.update(used_entries(self.entries, reads, code_digest, inputs))
 
     def forget(self, name: str) -> None:
         """Drop what is known about `name`'s current object (it is pending, deleted or lost)."""
@@ -347,6 +341,21 @@ def _digest_once(value: Any, seen: dict[int, str | Unserializable]) -> str | Uns
     if key not in seen:
         seen[key] = digest_value(value)
     return seen[key]
+
+
+def used_entries(entries: Mapping[str, Entry], reads: Iterable[str], code_digest: str, inputs: Mapping[str, str]) -> dict[str, Entry]:
+    """The entries `LiveState.mark_used` gives the unstorable names a run read (a forecast
+    of the notebook applies the same rule to the state it foresees)."""
+    out = {}
+    listed = ""
+    for name in reads:
+        entry = entries.get(name)
+        if entry is None or entry.kind != UNSERIALIZABLE or inputs.get(name) != entry.key:
+            continue
+        listed = listed or "|".join(f"{k}={v}" for k, v in sorted(inputs.items()))
+        used = digest_bytes(("used|" + code_digest + "|" + listed).encode())
+        out[name] = Entry(entry.digest, entry.kind, used, entry.group, entry.extra)
+    return out
 
 
 READS = "reads"
