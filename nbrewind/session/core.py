@@ -29,6 +29,7 @@ from nbrewind.checkpoint.outputs import OutputCapture
 from nbrewind.errors import NbrewindError, UntrustedStoreError
 from nbrewind.session import outcome
 from nbrewind.session.commit import Committer
+from nbrewind.session.forecast import Forecast, forecast
 from nbrewind.session.notices import Notices
 from nbrewind.session.parts import Parts, open_store, store_location
 from nbrewind.session.plan import CellPlan, Emit, LastCell, Paths, RngLedger
@@ -288,6 +289,22 @@ class Session:
     def complete_pending(self, code: str, cursor_pos: int | None, reply: dict[str, Any]) -> dict[str, Any]:
         """Add pending (replayed, not yet loaded) names to a completion reply."""
         return complete_pending(self.namespace, code, cursor_pos, reply)
+
+    def forecast(self, cells: Sequence[tuple[str | None, str]]) -> list[Forecast]:
+        """What this kernel would do with `cells` ((cell id, code), in order) sent now, one
+        after another: replay, run, or depends on a cell that runs (`session.forecast`).
+        Nothing runs and nothing changes; an unusable store raises NbrewindError."""
+        if not self._ready():
+            raise NbrewindError("recording is off for this kernel, so every cell would run as on a plain kernel")
+        self.writer.flush()  # the runs this kernel just recorded are matches too
+        parts = self._opened()
+        return forecast(cells, mode=self.mode, keys=parts.keys, state=self.state, catalog=self.store.catalog, shell=self.shell)
+
+    def answer(self, request: Any) -> dict[str, Any]:
+        """A frontend's comm request answered (`session.frontend`)."""
+        from nbrewind.session.frontend import answer
+
+        return answer(self, request)
 
     def magic(self, line: str) -> None:
         """`%nbrewind status|why|log|off|on|restore N`."""

@@ -76,6 +76,8 @@ class RunOutcome:
     rng: dict[str, Any]
     env: dict[str, str]
     warnings: list[str] = field(default_factory=list)
+    forecast: list[Any] | None = None
+    """With `run_cells(..., forecast=True)`: what the session foresaw for each cell before any ran."""
 
     @property
     def decisions(self) -> list[str]:
@@ -243,12 +245,15 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("NBR_DIFF_")}
 
 
-def run_cells(cells: tuple[str, ...] | list[str], workdir: Path, *, mode: str = "plain", store: Path | None = None) -> RunOutcome:
+def run_cells(
+    cells: tuple[str, ...] | list[str], workdir: Path, *, mode: str = "plain", store: Path | None = None, forecast: bool = False
+) -> RunOutcome:
     """Run `cells` in order in a new shell in `workdir`.
 
     mode "plain" is a plain shell; "audit" and "repeat" attach a Session on
     `store` and follow the kernel's flow. Every cell runs to the end even if
-    earlier ones raised (allow_errors).
+    earlier ones raised (allow_errors). With `forecast`, the session is first asked
+    what it will do with every cell (`Session.forecast`), as JupyterLab's plan button does.
     """
     namespace: dict[str, Any] = LazyNamespace() if mode == "repeat" else {}
     warnings: list[str] = []
@@ -285,6 +290,7 @@ def run_cells(cells: tuple[str, ...] | list[str], workdir: Path, *, mode: str = 
             session.notices.clear()
             return outcome
 
+        foreseen = session.forecast([(None, code) for code in cells]) if forecast and session is not None else None
         outcomes = [step(index, code) for index, code in enumerate(cells)]
         # Hidden state is observed from inside a new cell, as a user would: a session
         # may restore it lazily, before the next cell that runs.
@@ -294,4 +300,4 @@ def run_cells(cells: tuple[str, ...] | list[str], workdir: Path, *, mode: str = 
         env = _env()
         if session is not None:
             session.close()
-    return RunOutcome(outcomes, picture, _files(workdir), hidden, env, warnings)
+    return RunOutcome(outcomes, picture, _files(workdir), hidden, env, warnings, foreseen)

@@ -786,7 +786,7 @@ def run_pattern(p: Pattern, root: Path) -> PatternRuns:
     runs = PatternRuns(
         p,
         audit=run_one(p.cells, root / "audit", p.files_audit, p.setup_audit, mode="audit", store=store),
-        repeat=run_one(p.edited, root / "repeat", p.files_repeat, p.setup_repeat or p.setup_audit, mode="repeat", store=store),
+        repeat=run_one(p.edited, root / "repeat", p.files_repeat, p.setup_repeat or p.setup_audit, mode="repeat", store=store, forecast=True),
         fresh_edited=run_one(p.edited, root / "fresh-edited", p.files_repeat, p.setup_repeat or p.setup_audit),
         fresh_edited_again=run_one(p.edited, root / "fresh-edited-again", p.files_repeat, p.setup_repeat or p.setup_audit),
         fresh_original=run_one(p.cells, root / "fresh-original", p.files_audit, p.setup_audit),

@@ -47,7 +47,7 @@ def _runs(seed: int, root: Path) -> Runs:
     return Runs(
         case,
         audit=run_cells(case.cells, root / "audit", mode="audit", store=store),
-        repeat=run_cells(case.edited, root / "repeat", mode="repeat", store=store),
+        repeat=run_cells(case.edited, root / "repeat", mode="repeat", store=store, forecast=True),
         fresh_edited=run_cells(case.edited, root / "fresh-edited"),
         fresh_original=run_cells(case.cells, root / "fresh-original"),
     )
@@ -170,10 +170,39 @@ def test_minimal_work(seed: int, tmp_path_factory: pytest.TempPathFactory) -> No
     check_minimal_work(seed, tmp_path_factory)
 
 
+def forecast_errors(repeat: RunOutcome) -> list[str]:
+    """Every cell whose forecast the repeat contradicted: a "replay" that ran, a "run"
+    that replayed. A "depends" cell may do either."""
+    assert repeat.forecast is not None and len(repeat.forecast) == len(repeat.cells)
+    wrong = []
+    for f, cell in zip(repeat.forecast, repeat.cells):
+        if (f.decision, cell.decision) in (("replay", "executed"), ("run", "replayed")):
+            wrong.append(f"cell {f.index}: foreseen {f.decision} ({f.reason}), but {cell.decision} ({cell.reason})")
+    return wrong
+
+
+def check_forecast(seed: int, factory: pytest.TempPathFactory) -> None:
+    runs = runs_for(seed, factory)
+    wrong = forecast_errors(runs.repeat)
+    assert not wrong, runs.case.describe() + "\n\nthe forecast was wrong:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("seed", _params(FAST_SEEDS, []))
+def test_forecast(seed: int, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Asked before any cell of N' runs, the repeat kernel foresees what it then does."""
+    check_forecast(seed, tmp_path_factory)
+
+
 @pytest.mark.parametrize("seed", _params(SLOW_SEEDS, FIDELITY_BUGS, pytest.mark.slow))
 def test_fidelity_more(seed: int, tmp_path_factory: pytest.TempPathFactory) -> None:
     """test_fidelity on more seeds."""
     check_fidelity(seed, tmp_path_factory)
+
+
+@pytest.mark.parametrize("seed", _params(SLOW_SEEDS, [], pytest.mark.slow))
+def test_forecast_more(seed: int, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """test_forecast on more seeds."""
+    check_forecast(seed, tmp_path_factory)
 
 
 @pytest.mark.parametrize("seed", _params(SLOW_SEEDS, MINIMAL_WORK_BUGS, pytest.mark.slow))

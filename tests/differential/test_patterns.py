@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from differential.patterns import BY_NAME, PATTERNS, PatternRuns, run_pattern
-from differential.test_inprocess import differences
+from differential.test_inprocess import differences, forecast_errors
 
 NAMES = [p.name for p in PATTERNS if p.inprocess]
 
@@ -44,6 +44,14 @@ def test_repeat_matches_plain(name: str, tmp_path_factory: pytest.TempPathFactor
     problems += [f"NBRewind warned in the audit: {w}" for w in runs.audit.warnings]
     problems += [f"NBRewind warned in the repeat: {w}" for w in runs.repeat.warnings]
     assert not problems, runs.pattern.describe() + "\n\nrepeat of N' differs from a plain run of N':\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_forecast(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Asked before any cell of N' runs, the repeat kernel foresees what it then does."""
+    runs = runs_for(name, tmp_path_factory)
+    wrong = forecast_errors(runs.repeat)
+    assert not wrong, runs.pattern.describe() + "\n\nthe forecast was wrong:\n" + "\n".join(wrong)
 
 
 @pytest.mark.parametrize("name", NAMES)

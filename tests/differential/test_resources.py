@@ -16,7 +16,7 @@ import pytest
 
 from differential.inprocess import run_cells
 from differential.resources import RESOURCE_FAMILIES, make_resource_case
-from differential.test_inprocess import differences
+from differential.test_inprocess import differences, forecast_errors
 
 FAST = range(0, 36)
 SLOW = range(36, 240)
@@ -28,7 +28,7 @@ def check(seed: int, factory: pytest.TempPathFactory) -> None:
     store = root / "store"
     audit = run_cells(case.cells, root / "audit", mode="audit", store=store)
     assert not audit.warnings, audit.warnings
-    repeat = run_cells(case.edited, root / "repeat", mode="repeat", store=store)
+    repeat = run_cells(case.edited, root / "repeat", mode="repeat", store=store, forecast=True)
     fresh = run_cells(case.edited, root / "fresh")
     for run in (repeat, fresh):
         run.rng.clear()  # no case seeds a global RNG: their final states are not determined
@@ -37,6 +37,8 @@ def check(seed: int, factory: pytest.TempPathFactory) -> None:
     ran = [(i, repeat.cells[i].reason) for i in range(case.first_edited) if repeat.cells[i].decision != "replayed"]
     assert not ran, case.describe() + f"\n\ncells before the first edit did not replay: {ran}"
     assert repeat.cells[-1].decision == "executed"  # the probe: it must see the resources live
+    wrong = forecast_errors(repeat)
+    assert not wrong, case.describe() + "\n\nthe forecast was wrong:\n" + "\n".join(wrong)
 
 
 @pytest.mark.parametrize("seed", FAST, ids=[f"resources_{s}" for s in FAST])
