@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from ipykernel.ipkernel import IPythonKernel
 
 from nbrewind._version import __version__
-from nbrewind.session import Session
+from nbrewind.session import COMM_TARGET, Session
 from nbrewind.tasks.priority import auto_priority_for_new_clients
 
 #: Longest the writer's backlog may take to drain when the kernel replies to a cell (seconds).
@@ -63,6 +63,20 @@ class NbrewindKernel(IPythonKernel):
         self._patches.enter_context(auto_priority_for_new_clients())
         assert self.shell is not None
         self.shell.register_magic_function(self.nbrewind.magic, magic_kind="line", magic_name="nbrewind")
+        # A frontend asks what the kernel would do, or what the store holds (docs/reply-metadata.md).
+        self.comm_manager.register_target(COMM_TARGET, self._on_comm_open)
+        self._patches.callback(self.comm_manager.unregister_target, COMM_TARGET, self._on_comm_open)
+
+    def _on_comm_open(self, comm: Any, open_msg: dict[str, Any]) -> None:
+        """Answer each message on an ``nbrewind`` comm with one message (`Session.answer`)."""
+
+        def on_msg(msg: dict[str, Any]) -> None:
+            comm.send(self.nbrewind.answer((msg.get("content") or {}).get("data")))
+
+        comm.on_msg(on_msg)
+        data = (open_msg.get("content") or {}).get("data")
+        if isinstance(data, dict) and data.get("request"):
+            on_msg(open_msg)
 
     def _emit(self, msg_type: str, content: dict[str, Any], metadata: dict[str, Any], buffers: list[bytes]) -> None:
         """Publish one recorded output message on IOPub as a child of the current request."""

@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from nbrewind.session.core import Session
 
 USAGE = (
-    "usage: %nbrewind status | why [N] | log [--tasks] | off | on | restore <execution count | cell id> "
-    "| priority on|off"
+    "usage: %nbrewind status | why [N] | log [--tasks] | plan NOTEBOOK.ipynb | off | on "
+    "| restore <execution count | cell id | #cell run> | priority on|off"
 )
 
 
@@ -59,12 +59,35 @@ def run_magic(session: Session, line: str) -> None:
         print("NBRewind recording is on")
     elif command == "restore" and len(rest) == 1:
         print(session.restore(rest[0]))
+    elif command == "plan" and len(rest) == 1:
+        print(plan_text(session, rest[0]))
     elif command == "priority" and rest in (["on"], ["off"]):
         print(set_priority(rest[0] == "on"))
-    elif command in ("status", "why", "log", "off", "on", "restore", "priority"):
+    elif command in ("status", "why", "log", "plan", "off", "on", "restore", "priority"):
         raise _usage_error(f"%nbrewind {command}: wrong arguments {' '.join(rest) or '(none)'}")
     else:
         raise _usage_error(f"%nbrewind: unknown subcommand {command!r}")
+
+
+def plan_text(session: Session, notebook: str) -> str:
+    """Which code cells of `notebook` this kernel would replay or run if they were sent now,
+    in order (`Session.forecast`): one line each."""
+    import json
+    from pathlib import Path
+
+    path = Path(notebook).expanduser()
+    try:
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise _usage_error(f"%nbrewind plan: cannot read notebook {notebook!r} ({type(exc).__name__})") from None
+    code = [c for c in cells if isinstance(c, dict) and c.get("cell_type") == "code"]
+    pairs = [(c.get("id"), "".join(c["source"]) if isinstance(c.get("source"), list) else str(c.get("source", ""))) for c in code]
+    lines = []
+    for f in session.forecast(pairs):
+        head = (pairs[f.index][1].strip().splitlines() or [""])[0][:50]
+        after = f" (after cell {', '.join(str(i + 1) for i in f.after)})" if f.after else ""
+        lines.append(f"cell {f.index + 1:>3}  {f.decision:<8} {f.reason}{after}  | {head}")
+    return "\n".join(lines) if lines else f"{notebook} has no code cells"
 
 
 def why_text(session: Session, which: str) -> str:

@@ -222,7 +222,9 @@ class Restorer:
         """Make the namespace what it was after a recorded cell run (by execution count or cell id)."""
         self._writer.flush()
         runs = self._catalog.cell_runs()
-        if target.isdigit():
+        if target.startswith("#") and target[1:].isdigit():
+            matches = [r for r in runs if r.id == int(target[1:])]
+        elif target.isdigit():
             number = int(target)
             mine = [r for r in runs if r.session == self._session_id and r.execution_count == number]
             matches = mine or [r for r in runs if r.execution_count == number]
