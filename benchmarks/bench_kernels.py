@@ -4,7 +4,9 @@ Run: `python -m benchmarks.bench_kernels [--runs N] [--json OUT] [--plot PNG]`.
 
 In one run, for each of N rounds: a plain python3 kernel, the audit kernel, the
 repeat kernel on the unmodified notebook, the repeat kernel after editing cell 10,
-and naive per-cell pickling of the whole namespace (in process). Per-cell times
+and naive per-cell pickling of the whole namespace (in process); and what the JupyterLab
+extension adds: the plan request on a fresh repeat kernel, and the reply metadata per
+reply (in process). Per-cell times
 are the kernel's execute_input -> execute_reply span as nbclient records it, so
 kernel start-up is excluded. Medians over rounds are reported.
 """
@@ -68,6 +70,48 @@ def restore_time(store: Path, folder: Path, count: int = 9) -> float:
         km.shutdown_kernel(now=True)
 
 
+def metadata_cost_seconds(n: int = 20000) -> float:
+    """Median seconds the reply's ``metadata.nbrewind`` adds per reply: building it and
+    serializing it with the message (in process; everything else in a reply is ipykernel's)."""
+    from jupyter_client.session import json_packer
+
+    from nbrewind.session import outcome
+    from nbrewind.store import CellRun
+
+    run = CellRun(id=12, duration=0.2034)
+    samples = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(n):
+            json_packer({"nbrewind": dict(outcome.replayed("code and 22 inputs match cell run #12", 0.0021, run))})
+        samples.append((time.perf_counter() - start) / n)
+    return statistics.median(samples)
+
+
+def plan_request(store: Path, folder: Path, cells: list[str]) -> tuple[float, list[str]]:
+    """Seconds a fresh repeat kernel takes to answer the JupyterLab extension's "which cells
+    will run?" (the ``plan`` comm request) for `cells`, and its decisions."""
+    import uuid
+
+    from jupyter_client.manager import start_new_kernel
+
+    env = dict(os.environ, NBREWIND_STORE=str(store))
+    km, kc = start_new_kernel(kernel_name="nbrewind-repeat", cwd=str(folder), env=env)
+    try:
+        comm_id, rid = uuid.uuid4().hex, uuid.uuid4().hex
+        data = {"request": "plan", "id": rid, "cells": [{"cell_id": None, "code": c} for c in cells]}
+        start = time.perf_counter()
+        kc.shell_channel.send(kc.session.msg("comm_open", {"comm_id": comm_id, "target_name": "nbrewind", "data": data}))
+        while True:
+            msg = kc.get_iopub_msg(timeout=120)
+            if msg["msg_type"] == "comm_msg" and msg["content"]["data"].get("id") == rid:
+                elapsed = time.perf_counter() - start
+                return elapsed, [c["decision"] for c in msg["content"]["data"]["cells"]]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
 def one_round(work: Path) -> dict[str, Any]:
     nb = work / "state-heavy.ipynb"
     shutil.copyfile(NOTEBOOK, nb)
@@ -79,16 +123,19 @@ def one_round(work: Path) -> dict[str, Any]:
         result["stored_bytes"] = du(opened).stored_bytes
     result["repeat"] = run_notebook(nb, kernel="repeat", store=store).cell_seconds
     result["restore9_seconds"] = restore_time(store, work)
+    result["plan_seconds"], result["plan_decisions"] = plan_request(store, work, _code_cells(nb))
     notebook = nbformat.read(str(nb), as_version=4)
     code = [c for c in notebook.cells if c.cell_type == "code"]
     code[EDIT_CELL - 1].source = code[EDIT_CELL - 1].source.replace("*= 0.0", "*= 2.0")
     nbformat.write(notebook, str(nb))
+    result["plan_edited_seconds"], result["plan_edited_decisions"] = plan_request(store, work, [c.source for c in code])
     result["repeat_edited"] = run_notebook(nb, kernel="repeat", store=store).cell_seconds
     result["fresh_edited"] = run_notebook(nb, kernel="python3").cell_seconds
     with Store.open(store, create=False) as opened:
         runs = opened.catalog.cell_runs()
         newest = runs[-1].session
         result["edited_decisions"] = [r.decision for r in runs if r.session == newest]
+    result["metadata_seconds"] = metadata_cost_seconds()
     naive_dir = work / "naive"
     naive_dir.mkdir()
     result["naive"] = naive_pickling(_code_cells(NOTEBOOK), naive_dir)
@@ -117,6 +164,12 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "edited_decisions": rounds[-1]["edited_decisions"],
         "edited_repeat_s": sum(edited),
         "edited_fresh_s": sum(fresh_edited),
+        "plan_s": statistics.median(r["plan_seconds"] for r in rounds),
+        "plan_edited_s": statistics.median(r["plan_edited_seconds"] for r in rounds),
+        "plan_decisions": rounds[-1]["plan_decisions"],
+        "plan_edited_decisions": rounds[-1]["plan_edited_decisions"],
+        "replayed_cell_median_s": statistics.median(repeat),
+        "metadata_per_reply_s": statistics.median(r["metadata_seconds"] for r in rounds),
     }
 
 
@@ -168,6 +221,10 @@ def main() -> None:
     print(f"restore to cell 9 in a fresh kernel: {summary['restore9_s']:.3f} s")
     print(f"after editing cell {EDIT_CELL}: {summary['edited_decisions']}")
     print(f"  edited repeat {summary['edited_repeat_s']:.3f} s vs fresh {summary['edited_fresh_s']:.3f} s")
+    print(f"the plan request (which cells will run?), fresh repeat kernel: unmodified {summary['plan_s'] * 1000:.1f} ms "
+          f"{summary['plan_decisions']}; edited {summary['plan_edited_s'] * 1000:.1f} ms {summary['plan_edited_decisions']}")
+    print(f"metadata.nbrewind per reply: {summary['metadata_per_reply_s'] * 1e6:.1f} us "
+          f"(a replayed cell's median: {summary['replayed_cell_median_s'] * 1000:.2f} ms)")
     if args.json:
         args.json.write_text(json.dumps({"rounds": rounds, "summary": summary}, indent=1))
     if args.plot:
