@@ -97,12 +97,13 @@ function activate(
       return;
     }
     const cells = panel.content.widgets.filter((cell): cell is CodeCell => cell instanceof CodeCell);
+    const codes = cells.map(cell => cell.model.sharedModel.getSource());
     try {
       const reply = await requestPlan(
         kernel,
-        cells.map(cell => ({ cell_id: cell.model.id, code: cell.model.sharedModel.getSource() }))
+        cells.map((cell, i) => ({ cell_id: cell.model.id, code: codes[i] }))
       );
-      marks.showPlan(cells, reply);
+      marks.showPlan(cells, codes, reply);
     } catch (error) {
       Notification.error(`NBRewind: ${error instanceof Error ? error.message : String(error)}`, { autoClose: 8000 });
     }

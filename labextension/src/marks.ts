@@ -164,8 +164,12 @@ export class CellMarks implements IDisposable {
     Signal.clearData(this);
   }
 
-  /** Mark the cells of a plan; `cells` are the code cells the plan request listed, in order. */
-  showPlan(cells: Cell[], reply: IPlanReply): void {
+  /**
+   * Mark the cells of a plan. `cells` are the code cells the plan request listed, in
+   * order, and `codes` the sources it sent: a cell edited while the kernel was
+   * planning is left unmarked (the plan was for its old code).
+   */
+  showPlan(cells: Cell[], codes: string[], reply: IPlanReply): void {
     this.clearPlan();
     const label = (index: number): string => {
       const cell = cells[index];
@@ -177,7 +181,7 @@ export class CellMarks implements IDisposable {
     };
     for (const planned of reply.cells) {
       const cell = cells[planned.index];
-      if (cell === undefined) {
+      if (cell === undefined || cell.isDisposed || cell.model.sharedModel.getSource() !== codes[planned.index]) {
         continue;
       }
       const state = this._state(cell.model.id);

@@ -11,7 +11,7 @@ import { Widget } from '@lumino/widgets';
 
 import { seconds, shortReason } from './format';
 import { rewindIcon } from './icon';
-import { KernelWatcher } from './marks';
+import { IReplied, KernelWatcher } from './marks';
 import { ILogCell, ILogReply, ILogSession, isNBRewindKernel, requestLog } from './protocol';
 
 /** Wait this long after a reply before asking for the log (a Run All sends many). */
@@ -179,6 +179,7 @@ export class RewindPanel extends Widget {
     }
     this._output.hidden = true;
     this._output.textContent = '';
+    this._restored = null;
   }
 
   private _onKernelChanged(): void {
@@ -196,7 +197,10 @@ export class RewindPanel extends Widget {
     }
   }
 
-  private _onReplied(): void {
+  private _onReplied(_: KernelWatcher, replied: IReplied): void {
+    if (replied.cellId !== null && this._restored !== null) {
+      this._restored = null; // a cell ran since: the namespace is no longer the restored one
+    }
     this.scheduleRefresh();
   }
 
@@ -244,6 +248,9 @@ export class RewindPanel extends Widget {
     node.dataset.cellRun = String(run.cell_run);
     if (run.cell_id !== null) {
       node.dataset.cellId = run.cell_id;
+    }
+    if (run.cell_run === this._restored) {
+      node.classList.add('nbrewind-mod-restored');
     }
     node.title = `cell run #${run.cell_run}: ${run.decision}${run.status && run.status !== 'ok' ? ` (${run.status})` : ''}\n${run.reason}`;
     const line = element('div', 'nbrewind-run-line');
@@ -305,8 +312,11 @@ export class RewindPanel extends Widget {
       output.classList.add('nbrewind-mod-error');
       text.textContent += error instanceof Error ? error.message : String(error);
     }
+    if (!output.classList.contains('nbrewind-mod-error') && text.textContent?.startsWith('restored')) {
+      this._restored = run.cell_run;
+    }
     output.dataset.done = 'true';
-    this.scheduleRefresh();
+    void this.refresh();
   }
 
   private _notebook: NotebookPanel | null = null;
@@ -314,6 +324,8 @@ export class RewindPanel extends Widget {
   private _generation = 0;
   private _stale = true;
   private _restarting = false;
+  /** The cell run the kernel's namespace was last restored to, until a cell runs. */
+  private _restored: number | null = null;
   private _soon = 0;
   private _late = 0;
   private readonly _subtitle: HTMLDivElement;
