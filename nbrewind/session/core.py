@@ -240,7 +240,7 @@ class Session:
 
     def _submit(self, run: CellRun, staged: list[Any], nbytes: int, tasks: Sequence[TaskLogEntry] | None = None) -> None:
         """Queue the cell run's record with the checkpoint as it is now (the full name -> entry map)."""
-        entries = {k: (v.digest, v.to_meta()) for k, v in self.state.entries.items()}
+        entries = {k: (v.digest, v.meta_text()) for k, v in self.state.entries.items()}
         self.committer.submit(self.store, self._task_cache, run, entries, staged, nbytes, list(tasks or ()))
 
     # -- replay ------------------------------------------------------------------------

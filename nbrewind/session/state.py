@@ -24,6 +24,7 @@ from nbrewind.session.plain import holds_only_plain
 from nbrewind.checkpoint.values import StagedGroup, load_group, stage_group, stage_json
 from nbrewind.store.objects import StagedBlob
 from nbrewind.store.digest import digest_bytes
+from nbrewind.store.rows import dumps
 from nbrewind.store.objects import ObjectStore
 
 class EntryKind(enum.StrEnum):
@@ -59,6 +60,16 @@ class Entry:
 
     def to_meta(self) -> dict[str, Any]:
         return {"kind": str(self.kind), "key": self.key, "group": list(self.group), **self.extra}
+
+    def meta_text(self) -> str:
+        """`to_meta()` as the catalog stores it, made once per entry: a checkpoint row is
+        written for every name after every cell, and most entries outlive many cells."""
+        text: str | None = self.__dict__.get("_meta_text")
+        if text is None:
+            text = dumps(self.to_meta())
+            assert text is not None
+            object.__setattr__(self, "_meta_text", text)
+        return text
 
     @classmethod
     def from_meta(cls, digest: str, meta: Mapping[str, Any]) -> Entry:

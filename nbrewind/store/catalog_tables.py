@@ -110,9 +110,10 @@ class CatalogTablesMixin:
         self,
         cell_run_id: int | None,
         parent_id: int | None,
-        entries: Mapping[str, tuple[str, Mapping[str, Any] | None]],
+        entries: Mapping[str, tuple[str, Mapping[str, Any] | str | None]],
     ) -> int:
-        """Record a checkpoint with its full ``name -> (digest, meta)`` map; returns its id."""
+        """Record a checkpoint with its full ``name -> (digest, meta)`` map (meta as a mapping,
+        or as the JSON text `dumps` makes of it); returns its id."""
         with self.transaction():
             cursor = self._write(
                 "INSERT INTO checkpoints (cell_run_id, parent_id, created) VALUES (?, ?, ?)",
@@ -122,7 +123,7 @@ class CatalogTablesMixin:
             try:
                 self._conn.executemany(
                     "INSERT INTO checkpoint_entries (checkpoint_id, name, digest, meta) VALUES (?, ?, ?, ?)",
-                    [(checkpoint_id, name, digest, dumps(meta)) for name, (digest, meta) in entries.items()],
+                    [(checkpoint_id, name, digest, meta if isinstance(meta, str) else dumps(meta)) for name, (digest, meta) in entries.items()],
                 )
             except sqlite3.Error as exc:
                 raise self._translate(exc) from exc
