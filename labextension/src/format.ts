@@ -87,7 +87,7 @@ export function replyBadge(info: IReplyInfo): IBadgeText {
  * The text of a plan marker. `label(i)` names the i-th code cell of the plan
  * request ("In [3]", or "cell 4" for one that never ran).
  */
-export function planBadge(cell: IPlanCell, label: (index: number) => string): IBadgeText {
+export function planBadge(cell: IPlanCell, label: (index: number) => string, kernel = ''): IBadgeText {
   if (cell.decision === 'replay') {
     const text = cell.saves === null ? 'will replay' : `will replay · saves ${seconds(cell.saves)}`;
     const run = cell.cell_run === null ? '' : `\nfrom cell run #${cell.cell_run}`;
@@ -98,6 +98,7 @@ export function planBadge(cell: IPlanCell, label: (index: number) => string): IB
     const text = on.length ? `may run · depends on ${on.join(', ')}` : 'may run';
     return { text, title: `${cell.reason}\nIt replays if what ${on.length ? on.join(', ') : 'earlier cells'} make is unchanged.` };
   }
-  const reason = shortReason(cell.reason);
+  // The audit kernel's one reason is long and the same for every cell.
+  const reason = kernel === 'audit' ? 'audit runs every cell' : shortReason(cell.reason);
   return { text: reason ? `will run · ${reason}` : 'will run', title: cell.reason };
 }

@@ -185,7 +185,7 @@ export class CellMarks implements IDisposable {
         continue;
       }
       const state = this._state(cell.model.id);
-      state.plan = { ...planBadge(planned, label), decision: planned.decision };
+      state.plan = { ...planBadge(planned, label, reply.kernel), decision: planned.decision };
       this._watch(cell.model);
       this._render(cell);
     }
