@@ -380,6 +380,35 @@ def test_delayed_chain_output_fingerprint_independent_of_fusion() -> None:
             == Fingerprinter().fingerprint_graph(dict(out.__dask_graph__()))[out.key])
 
 
+def test_fused_tasks_sharing_one_inner_graph_are_told_apart_by_their_inputs() -> None:
+    """Blockwise fusion shares one inner graph between chunks; the per-run memo of fused
+    tokens keys on what each input is bound to, so different inputs give different
+    fingerprints and equal ones the fingerprint an unshared copy has."""
+    from dask._task_spec import _execute_subgraph
+
+    inner = {"out": Task("out", max, TaskRef("a"), TaskRef("b"))}
+
+    def fused(key: str, a: Any, b: Any, graph: dict[str, Any] = inner) -> Task:
+        return Task(key, _execute_subgraph, graph, "out", ("a", "b"), a, b)
+
+    graph = {
+        "x1": Task("x1", int, 1), "x2": Task("x2", int, 2),
+        "f1": fused("f1", DataNode(None, 1), DataNode(None, 2)),
+        "f2": fused("f2", DataNode(None, 1), DataNode(None, 3)),
+        "f3": fused("f3", DataNode(None, 2), DataNode(None, 1)),
+        "f4": fused("f4", TaskRef("x1"), DataNode(None, 2)),
+        "f5": fused("f5", TaskRef("x2"), DataNode(None, 2)),
+        "f6": fused("f6", DataNode(None, 1), DataNode(None, 2)),
+        "f7": fused("f7", DataNode(None, 1), DataNode(None, 2), {"out": Task("out", max, TaskRef("a"), TaskRef("b"))}),
+    }
+    fps = Fingerprinter().fingerprint_graph(graph)
+    assert len({fps[k] for k in ("f1", "f2", "f3", "f4", "f5")}) == 5
+    assert fps["f1"] == fps["f6"] == fps["f7"]
+    alone = {k: Fingerprinter().fingerprint_graph({k: graph[k], "x1": graph["x1"], "x2": graph["x2"]})[k]
+             for k in ("f1", "f2", "f3", "f4", "f5")}
+    assert alone == {k: fps[k] for k in alone}
+
+
 def test_an_attribute_name_is_not_mistaken_for_a_global() -> None:
     """`os.path.basename` uses the attribute name `path`; the notebook's global `path` is no input."""
     source = "import os\npath = 'a'\ndef base(p):\n    return os.path.basename(p)\n"

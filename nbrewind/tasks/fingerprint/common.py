@@ -80,6 +80,7 @@ class EncoderState:
         self._fn_memo: dict[int, tuple[object, bytes, Files | None]] = {}
         self._val_memo: dict[int, tuple[object, bytes, Files | None]] = {}
         self._path_memo: dict[str, tuple[bytes, str]] = {}
+        self._sub_memo: dict[tuple[Any, ...], tuple[object, bytes, Files | None]] = {}
         self._files: Files | None = None
         self._node_files: dict[Key, Files] = {}
         self._stack: dict[int, int] = {}
@@ -101,6 +102,7 @@ class EncoderState:
         self._fn_memo.clear()
         self._val_memo.clear()
         self._path_memo.clear()
+        self._sub_memo.clear()
         self._stack.clear()
         self._low = _INF
         self._fps = {}

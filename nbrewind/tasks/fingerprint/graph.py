@@ -20,6 +20,9 @@ from nbrewind.tasks.fingerprint.common import (
 )
 from nbrewind.tasks.fingerprint.values import ValueEncoding
 
+_SUB_MEMO_LIMIT = 1 << 16
+"""Fused-task tokens memoized per run (`Fingerprinter._subgraph_digest`) before the memo is emptied."""
+
 
 class Fingerprinter(ValueEncoding):
     """Computes task fingerprints, keeping memo tables between and within runs.
@@ -250,11 +253,28 @@ class Fingerprinter(ValueEncoding):
         inner, outkey, inkeys, *refs = node.args
         if not (isinstance(inner, dict) and isinstance(inkeys, tuple) and len(refs) == len(inkeys)):
             raise UnfingerprintableError("fused task of an unknown layout")
-        local: dict[Key, bytes] = {}
-        for k, r in zip(inkeys, refs):
+        enc = self._enc
+        bound = []
+        for r in refs:
             sub: list[bytes] = []
-            self._enc(r, sub)
-            local[k] = b"".join(sub)
+            enc(r, sub)
+            bound.append(b"".join(sub))
+        # Blockwise fusion shares one inner graph between all the chunks' fused tasks, and
+        # the token is a function of that graph, the output key and what each input key is
+        # bound to: computed once per run for each such triple. Only at the top of an
+        # encoding (an empty cycle stack), where no back-reference can reach out of it.
+        memo_key = None
+        if not self._stack:
+            memo_key = (id(inner), outkey, inkeys, tuple(bound))
+            try:
+                hit = self._sub_memo.get(memo_key)
+            except TypeError:  # an unhashable key in the layout
+                hit = memo_key = None
+            if hit is not None and hit[0] is inner:
+                if hit[2]:
+                    self._merge_files(hit[2])
+                return hit[1]
+        local: dict[Key, bytes] = dict(zip(inkeys, bound))
         outer, outer_files = self._fps, self._node_files
         failed: dict[Key, str] = {}
         self._fps, self._node_files = local, {}
@@ -269,6 +289,11 @@ class Fingerprinter(ValueEncoding):
         token = local.get(outkey, b"")
         if not token.startswith(b"@") or outkey in inkeys:
             raise UnfingerprintableError(f"fused task: {failed.get(outkey, 'output is not a task')}")
+        if memo_key is not None:
+            memo = self._sub_memo
+            if len(memo) >= _SUB_MEMO_LIMIT:  # tasks whose inputs all differ: keep memory bounded
+                memo.clear()
+            memo[memo_key] = (inner, token, inner_files)
         return token
 
     def _inner_walk(self, inner: Mapping[Key, Any], k: Key, local: dict[Key, bytes], depth: int) -> bool:
