@@ -86,8 +86,10 @@ def _key_token(key: Key) -> str | None:
     return None
 
 
-def _node_impure(node: Any, ts: Any, funcs: dict[int, bool]) -> bool:
-    """Whether ``node`` calls an impure function (``funcs``: memo by function id, for one graph)."""
+def _node_impure(node: Any, ts: Any, funcs: dict[int, bool], inners: dict[int, bool]) -> bool:
+    """Whether ``node`` calls an impure function (memos for one graph, which holds every
+    object they key on: ``funcs`` by function id, ``inners`` by a fused task's inner graph,
+    which blockwise fusion shares between all the chunks' tasks)."""
     if not isinstance(node, ts.Task):
         return False
     func = node.func
@@ -96,10 +98,16 @@ def _node_impure(node: Any, ts: Any, funcs: dict[int, bool]) -> bool:
         marked = funcs[id(func)] = is_impure(func)
     if marked:
         return True
-    if func is ts._execute_subgraph and node.args and isinstance(node.args[0], dict):
-        return any(_node_impure(n, ts, funcs) for n in node.args[0].values())
+    args = node.args
+    if func is ts._execute_subgraph and args and isinstance(args[0], dict):
+        inner = args[0]
+        found = inners.get(id(inner))
+        if found is None:
+            found = inners[id(inner)] = any(_node_impure(n, ts, funcs, inners) for n in inner.values())
+        return found
+    Task = ts.Task
     return any(
-        _node_impure(a, ts, funcs) for a in itertools.chain(node.args, node.kwargs.values()) if isinstance(a, ts.Task)
+        _node_impure(a, ts, funcs, inners) for a in itertools.chain(args, node.kwargs.values()) if isinstance(a, Task)
     )
 
 
@@ -109,7 +117,9 @@ def _tainted(dsk: Mapping[Key, Any], cache: TaskCache, all_impure: bool, ts: Any
         return set(dsk)
     tokens = cache.impure_tokens
     funcs: dict[int, bool] = {}  # the graph holds every function, so no id is reused meanwhile
-    bad = {k for k, node in dsk.items() if _node_impure(node, ts, funcs) or (tokens and _key_token(k) in tokens)}
+    inners: dict[int, bool] = {}
+    bad = {k for k, node in dsk.items()
+           if _node_impure(node, ts, funcs, inners) or (tokens and _key_token(k) in tokens)}
     if not bad:
         return bad
     dependents: dict[Key, list[Key]] = {}
@@ -134,6 +144,58 @@ def _cacheable(node: Any, ts: Any, coroutines: dict[int, bool]) -> bool:
     if is_coroutine is None:  # costly for a toolz.curry, which builds its signature
         is_coroutine = coroutines[id(func)] = inspect.iscoroutinefunction(func)
     return not is_coroutine
+
+
+_TASK_SLOTS = ("key", "_dependencies", "func", "args", "kwargs", "_data_producer", "_token", "_is_coro", "_repr")
+_wrap_makers: dict[type, Any] = {}
+
+
+def _wrap_maker(ts: Any) -> Any:
+    """A function building ``run_resumable``'s wrapper of a miss's task, as
+    ``ts.Task(key, run_resumable, spec, node.func, *node.args, _data_producer=...,
+    **node.kwargs)`` would, without the constructor's scan of every argument.
+
+    The wrapper's dependencies are the task's own (the spec and the function are no graph
+    nodes), so its slots are set directly, the way a ``Task`` is unpickled. Only if dask's
+    ``Task`` has exactly the slots this was written for and a probe built both ways agrees
+    slot by slot; otherwise the constructor is used.
+    """
+    Task = ts.Task
+    maker = _wrap_makers.get(Task)
+    if maker is not None:
+        return maker
+
+    def construct(key: Key, spec: Any, node: Any) -> Any:
+        return Task(key, run_resumable, spec, node.func, *node.args,
+                    _data_producer=node.data_producer, **node.kwargs)
+
+    new = object.__new__
+
+    def direct(key: Key, spec: Any, node: Any) -> Any:
+        t = new(Task)
+        t.key = key
+        t._dependencies = node._dependencies
+        t.func = run_resumable
+        t.args = (spec, node.func, *node.args)
+        kwargs = node.kwargs
+        t.kwargs = dict(kwargs) if kwargs else {}
+        t._data_producer = node._data_producer
+        t._token = t._is_coro = t._repr = None
+        return t
+
+    maker = construct
+    try:
+        slots = [s for c in Task.__mro__ for s in c.__dict__.get("__slots__", ())]
+        if sorted(slots) == sorted(_TASK_SLOTS):
+            probe = Task("p", max, ts.TaskRef("a"), ts.DataNode(None, 1), _data_producer=True, k=ts.TaskRef("b"))
+            spec = object()
+            a, b = construct("w", spec, probe), direct("w", spec, probe)
+            if type(a) is type(b) and all(getattr(a, s) == getattr(b, s) for s in _TASK_SLOTS):
+                maker = direct
+    except Exception:  # any change in dask's Task: the constructor is always right
+        maker = construct
+    _wrap_makers[Task] = maker
+    return maker
 
 
 def _fallback(dsk: Mapping[Key, Any], key: Key) -> tuple[dict[Key, Any], Key] | None:
@@ -192,12 +254,17 @@ def rewrite_graph(
     notes: list[tuple[str, str, bool, str | None, Mapping[str, str] | None]] = []
     out = Rewritten({})
     new = out.dsk
+    wrap = _wrap_maker(ts)
+    Task = ts.Task
+    hits = misses = uncached = 0
     stack = list(reversed(outputs))
     while stack:
         k = stack.pop()
         if k in new:
             continue
-        node = graph[k]
+        node = graph.get(k)
+        if node is None:
+            continue  # a dependency outside the graph (a persisted future's key)
         fp = fps.get(k)
         if fp is not None and k not in tainted and _cacheable(node, ts, coroutines):
             name = k[0] if type(k) is tuple and k else k
@@ -216,17 +283,17 @@ def rewrite_graph(
                 spec = specs[spec_key] = cache.spec(fp, prefix, task_files, store=store)
             notes.append((fp, prefix, entry is not None, entry, task_files))
             if entry is not None:
-                new[k] = ts.Task(k, load_result, spec, entry, _fallback(graph, k))
-                out.hits += 1
+                new[k] = Task(k, load_result, spec, entry, _fallback(graph, k))
+                hits += 1
                 continue
             claimed.add(fp)
-            new[k] = ts.Task(k, run_resumable, spec, node.func, *node.args,
-                             _data_producer=node.data_producer, **node.kwargs)
-            out.misses += 1
+            new[k] = wrap(k, spec, node)
+            misses += 1
         else:
             new[k] = node
-            out.uncached += isinstance(node, ts.Task)
-        stack.extend(d for d in node.dependencies if d in graph and d not in new)
+            uncached += isinstance(node, Task)
+        stack.extend(node.dependencies)  # those already rewritten or outside are skipped when popped
+    out.hits, out.misses, out.uncached = hits, misses, uncached
     cache.note_many(notes)
     out.culled = len(graph) - len(new)
     out.fingerprints = {k: fps[k] for k in outputs if k in fps and k not in tainted}

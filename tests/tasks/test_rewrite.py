@@ -360,3 +360,25 @@ def test_a_load_with_too_much_upstream_to_carry_fails_clearly(
     _delete_entry_of(cache, done, "total")
     with pytest.raises(TaskCacheError, match="cannot be loaded"):
         run(done, ["total"])
+
+
+def test_a_miss_wrapper_is_the_task_the_constructor_would_build() -> None:
+    """The rewrite sets a miss wrapper's slots directly (dask's constructor scans every
+    argument again); slot for slot it must be what ``Task(...)`` builds."""
+    import dask._task_spec as ts
+
+    from nbrewind.tasks.resume import run_resumable
+
+    maker = rewrite._wrap_maker(ts)
+    assert maker.__name__ == "direct"  # the dask this was written for: the fast path is on
+    node = ts.Task(("x", 1), max, ts.TaskRef("a"), ts.DataNode(None, 2), ts.List(ts.TaskRef("b")),
+                   _data_producer=True, default=ts.TaskRef("c"))
+    spec = object()
+    built = maker(("x", 1), spec, node)
+    expected = ts.Task(("x", 1), run_resumable, spec, node.func, *node.args,
+                       _data_producer=node.data_producer, **node.kwargs)
+    assert type(built) is ts.Task
+    for slot in rewrite._TASK_SLOTS:
+        assert getattr(built, slot) == getattr(expected, slot), slot
+    assert built.dependencies == {"a", "b", "c"}
+    assert built.kwargs is not node.kwargs

@@ -79,7 +79,14 @@ class Fingerprinter(ValueEncoding):
             self._end_run()
         self.failures = failed
         self.file_inputs = {k: v for k, v in node_files.items() if k in dsk and k in fps}
-        return {k: v[1:].hex() for k, v in fps.items() if k in dsk}
+        result = {}
+        last, last_hex = b"", ""
+        for k, v in fps.items():  # equal tasks share a token object (the memos): and so one str
+            if k in dsk:
+                if v is not last:
+                    last, last_hex = v, v[1:].hex()
+                result[k] = last_hex
+        return result
 
     def fingerprint_value(self, obj: object) -> str:
         """Content fingerprint of one value, as it would count as a task argument."""
@@ -195,14 +202,15 @@ class Fingerprinter(ValueEncoding):
     def _node_token(self, node: Any) -> bytes:
         """b"@" + the node's fingerprint (an Alias has its target's), as embedded in dependents."""
         ts = self._ts
-        if isinstance(node, ts.Alias):
-            return self._dep(node.target)
-        if isinstance(node, ts.DataNode):
-            out = [_DATA]
-            self._enc(node.value, out)
-            return b"@" + _digest(b"".join(out))
-        if not isinstance(node, ts.Task):
-            raise UnfingerprintableError(f"unknown graph node type {type(node).__qualname__}")
+        if type(node) is not ts.Task:  # a plain Task (the common case) is none of these
+            if isinstance(node, ts.Alias):
+                return self._dep(node.target)
+            if isinstance(node, ts.DataNode):
+                out = [_DATA]
+                self._enc(node.value, out)
+                return b"@" + _digest(b"".join(out))
+            if not isinstance(node, ts.Task):
+                raise UnfingerprintableError(f"unknown graph node type {type(node).__qualname__}")
         func = node.func
         self._check_rng(func)
         if func is ts._execute_subgraph:
@@ -254,10 +262,16 @@ class Fingerprinter(ValueEncoding):
         if not (isinstance(inner, dict) and isinstance(inkeys, tuple) and len(refs) == len(inkeys)):
             raise UnfingerprintableError("fused task of an unknown layout")
         enc = self._enc
+        ts = self._ts
+        DataNode, TaskRef = ts.DataNode, ts.TaskRef
         bound = []
         for r in refs:
+            t = type(r)
+            if t is TaskRef:  # as `_enc_ref` encodes it
+                bound.append(self._dep(r.key))
+                continue
             sub: list[bytes] = []
-            enc(r, sub)
+            enc(r.value if t is DataNode else r, sub)  # a DataNode as `_enc_graphnode` encodes it
             bound.append(b"".join(sub))
         # Blockwise fusion shares one inner graph between all the chunks' fused tasks, and
         # the token is a function of that graph, the output key and what each input key is
