@@ -6,7 +6,10 @@ wait for everything submitted before it. :func:`prioritize` moves the requested
 keys, and every unfinished task they transitively wait on, ahead of all other
 work: on the scheduler (released, waiting, queued, no-worker and processing
 tasks, re-sorting the queue) and on the workers that already hold some of them
-(re-sorting their ready, constrained and fetch heaps).
+(re-sorting their ready, constrained and fetch heaps). When the bumped work is a
+chain (a chunk, the task that slices it, dask's ``finalize``), a worker keeps the
+thread a link frees for the next link, which the scheduler sends a round trip later,
+for at most :data:`HOLD_TIMEOUT` seconds (see ``plugins``).
 :func:`enable_auto_priority` does the same whenever a client blocks on pending
 futures.
 
@@ -33,6 +36,7 @@ from nbrewind.tasks.priority.auto import auto_priority_for_new_clients, bump_wai
 from nbrewind.tasks.priority.client import install, prioritize
 from nbrewind.tasks.priority.plugins import (
     ARRIVAL_WAIT,
+    HOLD_TIMEOUT,
     PENDING_TTL,
     PLUGIN_NAME,
     SCHEDULER_OP,
@@ -46,6 +50,7 @@ from nbrewind.tasks.priority.switch import CONFIG_KEY, auto_priority_enabled, se
 __all__ = [
     "ARRIVAL_WAIT",
     "CONFIG_KEY",
+    "HOLD_TIMEOUT",
     "PENDING_TTL",
     "PLUGIN_NAME",
     "SCHEDULER_OP",
