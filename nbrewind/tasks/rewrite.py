@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbrewind.tasks.cache import TaskCache, is_impure, load_result
+from nbrewind.tasks.fingerprint.common import no_cyclic_gc
 from nbrewind.tasks.resume import run_resumable
 from nbrewind.tasks.settings import task_settings
 
@@ -222,6 +223,11 @@ def rewrite_graph(
     all_impure: bool = False,
 ) -> Rewritten:
     """Rewrite ``dsk`` (materialized; legacy tuples allowed) for the wanted ``keys``."""
+    with no_cyclic_gc():
+        return _rewrite(cache, dsk, keys, all_impure)
+
+
+def _rewrite(cache: TaskCache, dsk: Mapping[Key, Any], keys: Iterable[Key], all_impure: bool) -> Rewritten:
     import dask._task_spec as ts
     from dask.utils import key_split
 

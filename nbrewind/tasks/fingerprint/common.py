@@ -10,10 +10,12 @@ walk (`graph`) are layered on it, in that order.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import struct
 import sys
 import types
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any
 
 import xxhash
@@ -56,6 +58,27 @@ def _settings_salt(settings: Mapping[str, str]) -> bytes:
     """
     parts = [_name(str(k)) + _name(str(v)) for k, v in sorted(settings.items())]
     return b"$" + _digest(b"%d:" % len(parts) + b"".join(parts))
+
+
+@contextlib.contextmanager
+def no_cyclic_gc() -> Iterator[None]:
+    """Suspend the cyclic garbage collector for a walk over a whole graph.
+
+    Fingerprinting and rewriting make a few container objects per task and keep many
+    (the rewritten graph), so the collector ran again and again over the whole heap,
+    graph included: about a third of the rewrite's time on a 100k-task graph. What these
+    walks drop is freed by reference counting; only cyclic garbage waits, until the
+    collector runs again after the walk. Nested uses and a collector already off are left
+    as they are.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class UnfingerprintableError(NbrewindError):

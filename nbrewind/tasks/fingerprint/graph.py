@@ -17,6 +17,7 @@ from nbrewind.tasks.fingerprint.common import (
     _digest,
     _name,
     _settings_salt,
+    no_cyclic_gc,
 )
 from nbrewind.tasks.fingerprint.values import ValueEncoding
 
@@ -74,7 +75,8 @@ class Fingerprinter(ValueEncoding):
             node_files.update((k, dict(v)) for k, v in external_files.items() if v and k in ext)
         self._node_files = node_files
         try:
-            self._traverse(dsk, roots, failed, ext)
+            with no_cyclic_gc():
+                self._traverse(dsk, roots, failed, ext)
         finally:
             self._end_run()
         self.failures = failed
