@@ -26,20 +26,18 @@ from typing import Any
 
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.outputs import OutputCapture
-from nbrewind.errors import NbrewindError, UntrustedStoreError
+from nbrewind.errors import NbrewindError
 from nbrewind.session import outcome
 from nbrewind.session.commit import Committer
 from nbrewind.session.forecast import Forecast, forecast
 from nbrewind.session.notices import Notices
-from nbrewind.session.parts import Parts, open_store, store_location
+from nbrewind.session.parts import Parts, StoreHandle, store_location
 from nbrewind.session.plan import CellPlan, Emit, LastCell, Paths, RngLedger
 from nbrewind.session.clients import may_need_client
 from nbrewind.session.restore import complete_pending
 from nbrewind.session.state import LiveState
 from nbrewind.session.writer import BackgroundWriter
 from nbrewind.store import CellRun, Store, TaskLogEntry
-from nbrewind.tasks.cache import TaskCache
-from nbrewind.tasks.intercept import intercepting
 
 
 class Session:
@@ -85,15 +83,11 @@ class Session:
         self._paths = Paths(self.start_dir)
         self._rng = RngLedger()
         self._store_path = store_path
-        self._store: Store | None = None
-        self._parts: Parts | None = None
-        self._store_failed = False
         self.last: LastCell | None = None
         self._outcome: tuple[str | None, dict[str, Any]] | None = None
         self.writer = BackgroundWriter()
         self.committer = Committer(self.writer)
-        self._task_cache: TaskCache | None = None
-        self._interception = contextlib.ExitStack()
+        self._handle = StoreHandle(self.store_location, self._build_parts, self.channel)
         ns = shell.user_ns
         if isinstance(ns, LazyNamespace):
             ns.set_loader(self._load_pending)
@@ -115,46 +109,24 @@ class Session:
 
     @property
     def store(self) -> Store:
-        if self._store is None:
-            # An untrusted store raises here: no task interception starts, so no task
-            # result is loaded from it either.
-            self._store = store = open_store(self.store_location(), self.notice)
-            self._parts = Parts.build(
-                store, self.shell, mode=self.mode, session_id=self.session_id, emit=self.emit, capture=self.capture,
-                writer=self.writer, committer=self.committer, notices=self.channel, rng=self._rng, paths=self._paths,
-                unrecordable=self.unrecordable,
-            )
-            # What the task layer logs is a notice too: the root logger's fallback would
-            # write it to sys.stderr, which in a kernel is the cell's output.
-            self._interception.enter_context(self.channel.routed_logs())
-            # Every Dask task run from now until close() is cached in this store.
-            self._task_cache = self._interception.enter_context(intercepting(TaskCache(store.root)))
-        return self._store
+        return self._handle.store
+
+    def _build_parts(self, store: Store) -> Parts:
+        return Parts.build(
+            store, self.shell, mode=self.mode, session_id=self.session_id, emit=self.emit, capture=self.capture,
+            writer=self.writer, committer=self.committer, notices=self.channel, rng=self._rng, paths=self._paths,
+            unrecordable=self.unrecordable,
+        )
 
     def _opened(self) -> Parts:
-        """The collaborators that work on the store, opening it if need be."""
-        self.store
-        assert self._parts is not None
-        return self._parts
+        return self._handle.parts()
 
     @property
     def state(self) -> LiveState:
         return self._opened().state
 
     def _ready(self) -> bool:
-        if not self.enabled or self._store_failed:
-            return False
-        try:
-            self.store
-        except UntrustedStoreError as exc:
-            self._store_failed = True
-            self.notice(str(exc))  # already says what happens and which command trusts the store
-            return False
-        except (NbrewindError, OSError) as exc:
-            self._store_failed = True
-            self._warn(f"recording is off for this kernel: the store at {self.store_location()} cannot be used", exc)
-            return False
-        return True
+        return self.enabled and self._handle.usable()
 
     # -- before a cell ------------------------------------------------------------
 
@@ -224,7 +196,7 @@ class Session:
             self._outcome = (plan.msg_id, outcome.not_recorded(f"NBRewind could not bring back or record: {what}", duration))
             return
         try:
-            recorded = recorder.record(plan, reply, outputs, duration, self._task_cache)
+            recorded = recorder.record(plan, reply, outputs, duration, self._handle.task_cache)
             self.state.mark_used(plan.reads, plan.code_digest, recorded.run.inputs or {})
             self.last = recorded.last
             self._submit(recorded.run, recorded.staged, recorded.nbytes, recorded.tasks)
@@ -241,7 +213,7 @@ class Session:
     def _submit(self, run: CellRun, staged: list[Any], nbytes: int, tasks: Sequence[TaskLogEntry] | None = None) -> None:
         """Queue the cell run's record with the checkpoint as it is now (the full name -> entry map)."""
         entries = {k: (v.digest, v.meta_text()) for k, v in self.state.entries.items()}
-        self.committer.submit(self.store, self._task_cache, run, entries, staged, nbytes, list(tasks or ()))
+        self.committer.submit(self.store, self._handle.task_cache, run, entries, staged, nbytes, list(tasks or ()))
 
     # -- replay ------------------------------------------------------------------------
 
@@ -315,8 +287,4 @@ class Session:
     def close(self) -> None:
         """Finish pending writes, undo the Dask interception, close the store."""
         self.writer.close()
-        with contextlib.suppress(Exception):
-            self._interception.close()
-        if self._store is not None:
-            with contextlib.suppress(Exception):
-                self._store.close()
+        self._handle.close()

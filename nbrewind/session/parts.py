@@ -7,6 +7,7 @@ then, here, from explicit arguments: the session itself only coordinates them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,8 +23,11 @@ from nbrewind.session.recorder import Recorder
 from nbrewind.session.replay import Replayer
 from nbrewind.session.restore import Restorer
 from nbrewind.session.state import LiveState
+from nbrewind.errors import NbrewindError, UntrustedStoreError
 from nbrewind.store import Store, resolve_store_path
 from nbrewind.store.origin import check_store_origin
+from nbrewind.tasks.cache import TaskCache
+from nbrewind.tasks.intercept import intercepting
 
 if TYPE_CHECKING:
     from nbrewind.checkpoint.outputs import OutputCapture
@@ -32,7 +36,7 @@ if TYPE_CHECKING:
     from nbrewind.session.plan import Emit, Paths, RngLedger
     from nbrewind.session.writer import BackgroundWriter
 
-__all__ = ["Parts", "open_store", "store_location"]
+__all__ = ["Parts", "StoreHandle", "open_store", "store_location"]
 
 
 def store_location(store_path: Path | None, namespace: dict[str, Any], start_dir: Path) -> Path:
@@ -113,3 +117,65 @@ class Parts:
             shell, emit=emit, catalog=store.catalog, objects=store.objects, restorer=restorer, recorder=recorder, rng=rng
         )
         return cls(state, outside, keys, recorder, restorer, replayer)
+
+
+class StoreHandle:
+    """The session's store, opened at first need together with its `Parts` and the Dask
+    task interception, and closed with them. A store that cannot be used is reported once
+    (`usable`), and recording stays off for the kernel."""
+
+    def __init__(self, location: Callable[[], Path], build: Callable[[Store], Parts], notices: Notices) -> None:
+        self._location = location
+        self._build = build
+        self._notices = notices
+        self._store: Store | None = None
+        self._parts: Parts | None = None
+        self._failed = False
+        self.task_cache: TaskCache | None = None
+        """The cache every Dask task of this kernel goes through, once the store is open."""
+        self._interception = contextlib.ExitStack()
+
+    @property
+    def store(self) -> Store:
+        """The open store (opened now if need be; raises if it cannot be used)."""
+        if self._store is None:
+            # An untrusted store raises here: no task interception starts, so no task
+            # result is loaded from it either.
+            self._store = store = open_store(self._location(), self._notices.notice)
+            self._parts = self._build(store)
+            # What the task layer logs is a notice too: the root logger's fallback would
+            # write it to sys.stderr, which in a kernel is the cell's output.
+            self._interception.enter_context(self._notices.routed_logs())
+            # Every Dask task run from now until close() is cached in this store.
+            self.task_cache = self._interception.enter_context(intercepting(TaskCache(store.root)))
+        return self._store
+
+    def parts(self) -> Parts:
+        """The collaborators that work on the store, opening it if need be."""
+        self.store
+        assert self._parts is not None
+        return self._parts
+
+    def usable(self) -> bool:
+        """Whether the store is open or opens now; the first failure says why, once."""
+        if self._failed:
+            return False
+        try:
+            self.store
+        except UntrustedStoreError as exc:
+            self._failed = True
+            self._notices.notice(str(exc))  # already says what happens and which command trusts the store
+            return False
+        except (NbrewindError, OSError) as exc:
+            self._failed = True
+            self._notices.warn(f"recording is off for this kernel: the store at {self._location()} cannot be used", exc)
+            return False
+        return True
+
+    def close(self) -> None:
+        """Undo the Dask interception and close the store (after the writer has finished)."""
+        with contextlib.suppress(Exception):
+            self._interception.close()
+        if self._store is not None:
+            with contextlib.suppress(Exception):
+                self._store.close()
