@@ -1,7 +1,9 @@
 """Task cache costs: fingerprint + rewrite per task, the store wrapper's per-task overhead,
 what writing results costs, and real kernels on a 100k-task graph.
 
-Run: ``python -m benchmarks.bench_tasks [--tasks N] [--rounds R] [--skip-kernels] [--million]``.
+Run: ``python -m benchmarks.bench_tasks [--tasks N] [--rounds R] [--skip-kernels] [--million]``,
+or ``python -m benchmarks.bench_tasks --compare /tmp/wt-fp-old [--rounds R]`` for fingerprint +
+rewrite of this tree against another (``git worktree add /tmp/wt-fp-old COMMIT``), side by side.
 Not a test; prints tables.
 
 1. A 100k-task dask.array graph (and a 32k-task dask.dataframe graph) is
@@ -52,7 +54,8 @@ def _graph(collection: Any) -> tuple[dict[Any, Any], list[Any]]:
     return convert_legacy_graph(dict(expr.__dask_graph__())), flatten_keys(expr.__dask_keys__())
 
 
-def bench_rewrite(name: str, collection: Any, repeat: int = 3) -> list[str]:
+def bench_rewrite(name: str, collection: Any, repeat: int = 5) -> list[str]:
+    """Medians of ``repeat`` runs (and the best) of fingerprinting, and fingerprint + rewrite."""
     dsk, keys = _graph(collection)
     n = len(dsk)
     rows = []
@@ -81,8 +84,9 @@ def bench_rewrite(name: str, collection: Any, repeat: int = 3) -> list[str]:
         assert done.hits == len(keys)
     for label, times in (("fingerprint only", fp_times), ("fingerprint + rewrite, all miss", cold),
                          ("fingerprint + rewrite, outputs hit", warm)):
-        best = min(times)
-        rows.append(f"{name:<22} {n:>7} {label:<36} {best * 1e3:>9.1f} ms {best / n * 1e6:>8.1f} us/task")
+        med, best = statistics.median(times), min(times)
+        rows.append(f"{name:<22} {n:>7} {label:<36} {med * 1e3:>9.1f} ms {med / n * 1e6:>8.1f} us/task"
+                    f"   (best {best / n * 1e6:.1f})")
     return rows
 
 
@@ -264,6 +268,59 @@ print(json.dumps({"tasks": len(dsk), "materialize_s": build, "rewrite_s": second
 """
 
 
+_SIDE = """
+import json, sys, tempfile, time
+from pathlib import Path
+import dask.array as da
+import nbrewind
+from benchmarks.bench_tasks import _graph
+from nbrewind.tasks.cache import TaskCache
+from nbrewind.tasks.rewrite import rewrite_graph
+n, reps = int(sys.argv[1]), int(sys.argv[2])
+dsk, keys = _graph((da.ones((n * 10,), chunks=10) + 1).sum(split_every=32))
+fp, rw = [], []
+with tempfile.TemporaryDirectory() as tmp:
+    cache = TaskCache(Path(tmp) / "store"); cache.objects
+    for _ in range(reps):
+        t = time.perf_counter(); cache.fingerprinter.fingerprint_graph(dsk, keys); fp.append(time.perf_counter() - t)
+        t = time.perf_counter(); rewrite_graph(cache, dsk, keys); rw.append(time.perf_counter() - t)
+        cache.drain_log()
+    fps = sorted(set(cache.fingerprinter.fingerprint_graph(dsk, keys).values()))
+print(json.dumps({"src": nbrewind.__file__, "tasks": len(dsk), "fp": [t / len(dsk) * 1e6 for t in fp],
+                  "rw": [t / len(dsk) * 1e6 for t in rw], "fingerprints": fps}))
+"""
+
+
+def bench_compare(other: Path, chunks: int, rounds: int = 4, reps: int = 3) -> list[str]:
+    """This tree against ``other`` (e.g. an old commit's git worktree): fingerprint only and
+    fingerprint + rewrite all-miss on the dask.array graph, each side in its own process
+    (working directory and PYTHONPATH at its tree), alternating, medians of rounds x reps.
+    Also checks that both give the same fingerprints (without settings: ``sys.path``, one
+    of the settings, differs between trees)."""
+    trees = {"before": other.resolve(), "after": Path(__file__).resolve().parents[1]}
+    got: dict[str, dict[str, Any]] = {name: {"fp": [], "rw": [], "fps": None} for name in trees}
+    for r in range(rounds):
+        for name in (list(trees) if r % 2 == 0 else list(reversed(trees))):
+            env = dict(os.environ, PYTHONPATH=str(trees[name]))
+            out = subprocess.run([sys.executable, "-c", _SIDE, str(chunks), str(reps)], cwd=trees[name], env=env,
+                                 capture_output=True, text=True, check=True)
+            d = json.loads(out.stdout.strip().splitlines()[-1])
+            if not d["src"].startswith(str(trees[name])):
+                raise SystemExit(f"{name} imported nbrewind from {d['src']}")
+            got[name]["fp"] += d["fp"]
+            got[name]["rw"] += d["rw"]
+            got[name]["fps"] = d["fingerprints"]
+            tasks = d["tasks"]
+    rows = []
+    for name, v in got.items():
+        for label, key in (("fingerprint only", "fp"), ("fingerprint + rewrite, all miss", "rw")):
+            rows.append(f"{name + ' ' + trees[name].name:<22} {tasks:>7} {label:<36} median "
+                        f"{statistics.median(v[key]):>6.1f} us/task (best {min(v[key]):.1f}, n={len(v[key])})")
+    same = got["before"]["fps"] == got["after"]["fps"]
+    rows.append(f"same fingerprints before and after: {same}")
+    return rows
+
+
 def bench_million(chunks: int = 1_000_000) -> dict[str, Any]:
     """Fingerprint + rewrite of a ~1M-task graph in a fresh process: time and peak RSS."""
     out = subprocess.run([sys.executable, "-c", "import json\n" + _MILLION, str(chunks)],
@@ -283,12 +340,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-kernels", action="store_true")
     parser.add_argument("--million", action="store_true", help="also the 1M-task memory and time check")
     parser.add_argument("--json", type=Path, help="write the kernel figures here")
+    parser.add_argument("--compare", type=Path, metavar="TREE",
+                        help="only: fingerprint + rewrite of this tree against TREE (an old commit's worktree)")
     args = parser.parse_args(argv)
     n = args.tasks
+    if args.compare:
+        print("\n".join(bench_compare(args.compare, n, rounds=max(args.rounds, 2))), flush=True)
+        return
     array = (da.ones((n * 10,), chunks=10) + 1).sum(split_every=32)  # n fused chunk tasks + a tree
     frame = dd.from_pandas(pd.DataFrame({"x": range(80_000)}), npartitions=8000)
     frame = (frame.x + 1).sum()
-    print(f"{'graph':<22} {'tasks':>7} {'what':<36} {'best':>12} {'per task':>16}")
+    print(f"{'graph':<22} {'tasks':>7} {'what':<36} {'median':>12} {'per task':>16}")
     rows = bench_rewrite("dask.array", array) + bench_floor("dask.array", array)
     rows += bench_rewrite("dask.dataframe", frame) + bench_floor("dask.dataframe", frame)
     print("\n".join(rows), flush=True)
