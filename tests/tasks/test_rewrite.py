@@ -382,3 +382,22 @@ def test_a_miss_wrapper_is_the_task_the_constructor_would_build() -> None:
         assert getattr(built, slot) == getattr(expected, slot), slot
     assert built.dependencies == {"a", "b", "c"}
     assert built.kwargs is not node.kwargs
+
+
+def test_the_cyclic_gc_is_back_on_after_a_rewrite_even_one_that_failed(tmp_path: Path) -> None:
+    import gc
+
+    from dask._task_spec import Task
+
+    cache = TaskCache(tmp_path / "store")
+    rewrite_graph(cache, {"a": Task("a", int, 1)}, ["a"])
+    assert gc.isenabled()
+    with pytest.raises(KeyError):
+        cache.fingerprinter.fingerprint_graph({"a": Task("a", int, 1)}, ["missing"])
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        rewrite_graph(cache, {"a": Task("a", int, 1)}, ["a"])
+        assert not gc.isenabled()  # off before: left off
+    finally:
+        gc.enable()
