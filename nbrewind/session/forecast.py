@@ -39,7 +39,7 @@ from nbrewind.session.matching import Miss, never_replayed, unusable_run
 from nbrewind.session.plan import CellPlan, is_function_entry
 from nbrewind.session.pseudo import ABSENT
 from nbrewind.checkpoint.serialize import Unserializable, digest_value
-from nbrewind.session.state import MODULE, READS, UNSERIALIZABLE, VALUE, Entry, used_entries, value_key
+from nbrewind.session.state import MODULE, PLAIN, READS, UNSERIALIZABLE, VALUE, Entry, used_entries, value_key
 from nbrewind.store.digest import digest_bytes
 
 if TYPE_CHECKING:
@@ -220,6 +220,9 @@ _INERT_BUILTINS = frozenset({
 })
 
 
+_CONTAINERS = frozenset({"builtins.list", "builtins.dict", "builtins.set", "builtins.tuple", "builtins.frozenset"})
+
+
 def _reaches_outside(plan: CellPlan, seen: _Foreseen) -> bool:
     """Whether running the cell may change state outside the namespace (settings, RNGs,
     files, the environment): any import, `with`, `await` or call of anything but an inert
@@ -239,8 +242,11 @@ def _reaches_outside(plan: CellPlan, seen: _Foreseen) -> bool:
         entry = seen.entries.get(name)
         if entry is None:
             continue
-        if entry.extra.get(READS) is not None or entry.extra.get("callable") or str(entry.extra.get("type", "")).startswith("__main__."):
+        kind = str(entry.extra.get("type", ""))
+        if entry.extra.get(READS) is not None or entry.extra.get("callable") or kind.startswith("__main__."):
             return True
+        if kind in _CONTAINERS and not entry.extra.get(PLAIN):
+            return True  # printing or sorting it calls its items' methods, which may be notebook code
     return False
 
 
