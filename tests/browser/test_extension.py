@@ -330,8 +330,8 @@ def test_the_panel_lists_the_sessions_and_restores_an_earlier_state(session: Ses
     panel.wait_for(state="visible")
     sessions = panel.locator(".nbrewind-session")
     sessions.nth(1).wait_for(timeout=60_000)  # the audit session, then this repeat kernel's
-    heads = [text.split() for text in panel.locator(".nbrewind-session-head").all_inner_texts()]
-    assert [words[0] for words in heads] == ["repeat", "audit"], heads
+    kernels = [text.strip() for text in panel.locator(".nbrewind-session-head .nbrewind-session-kernel").all_inner_texts()]
+    assert kernels == ["repeat", "audit"], kernels
     current = sessions.nth(0)
     assert "nbrewind-mod-current" in (current.get_attribute("class") or "")
     # This kernel ran the notebook twice: 8 cell runs, the last 4 after the edit.
