@@ -22,8 +22,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 MARKER_VARIABLE = "NBREWIND_LAB_TEST_RUN"
 
@@ -196,3 +199,52 @@ def stop_lab(server: LabServer, *, grace: float = 15) -> None:
                 process.wait(timeout=5)
     if Path("/proc").is_dir():
         _kill(_marked_pids(server.marker))  # kernels live in their own sessions
+
+
+#: Debian's chromium, headless in a container: no sandbox, GPU or background traffic.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+UI_TIMEOUT_MS = 30_000
+
+
+@contextlib.contextmanager
+def running_lab(base: Path) -> Iterator[LabServer]:
+    """A JupyterLab server in `base` for the duration of the block."""
+    server = start_lab(base)
+    try:
+        yield server
+    finally:
+        stop_lab(server)
+
+
+@contextlib.contextmanager
+def browser_page(width: int, height: int) -> Iterator[Any]:
+    """A page of headless Chromium (Playwright) with the suite's default timeout."""
+    from playwright.sync_api import sync_playwright
+
+    executable = chromium_path()
+    assert executable is not None
+    playwright = sync_playwright().start()
+    try:
+        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": width, "height": height})
+            page.set_default_timeout(UI_TIMEOUT_MS)
+            yield page
+        finally:
+            browser.close()
+    finally:
+        playwright.stop()
+
+
+def screenshots_dir(factory: Any) -> Path:
+    """Where screenshots go: $NBREWIND_LAB_SCREENSHOTS (docs/images when refreshing them), else a temp folder."""
+    path = Path(os.environ.get("NBREWIND_LAB_SCREENSHOTS") or factory.mktemp("screenshots"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -20,7 +20,6 @@ temporary folder.
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -30,21 +29,12 @@ from typing import Any
 
 import pytest
 
-from labserver import LabServer, chromium_path, start_lab, stop_lab
+from labserver import UI_TIMEOUT_MS, LabServer, browser_page, running_lab, screenshots_dir
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
 EXTENSION = "nbrewind-labextension"
 PLUGIN = "nbrewind-labextension:plugin"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-UI_TIMEOUT_MS = 30_000
 RUN_TIMEOUT_S = 120.0
 
 # (cell id, source). "slow" is the one edited; "uses" reads what it makes; "apart" reads
@@ -210,34 +200,17 @@ class Session:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
-    server = start_lab(tmp_path_factory.mktemp("lab-ext"))
-    try:
+    with running_lab(tmp_path_factory.mktemp("lab-ext")) as server:
         yield server
-    finally:
-        stop_lab(server)
 
 
 @pytest.fixture(scope="module")
 def session(lab: LabServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
-    from playwright.sync_api import sync_playwright
-
-    executable = chromium_path()
-    assert executable is not None
-    screenshots = Path(os.environ.get("NBREWIND_LAB_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
-    screenshots.mkdir(parents=True, exist_ok=True)
+    screenshots = screenshots_dir(tmp_path_factory)
     notebook = lab.root / "study" / "rewind.ipynb"
     write_notebook(notebook)
-    playwright = sync_playwright().start()
-    try:
-        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 860})
-            page.set_default_timeout(UI_TIMEOUT_MS)
-            yield Session(lab, page, notebook, screenshots)
-        finally:
-            browser.close()
-    finally:
-        playwright.stop()
+    with browser_page(1280, 860) as page:
+        yield Session(lab, page, notebook, screenshots)
 
 
 def test_the_extension_is_installed_and_active(session: Session) -> None:

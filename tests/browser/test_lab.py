@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -30,22 +29,13 @@ from typing import Any
 import pytest
 
 from labkernel import assert_consistent, wait_for_rows
-from labserver import LabServer, chromium_path, start_lab, stop_lab
+from labserver import UI_TIMEOUT_MS, LabServer, browser_page, running_lab, screenshots_dir
 from nbrewind.store.report import LogRow
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 NO_MATPLOTLIB = "matplotlib is not installed in this environment: the figure cell is left out"
-UI_TIMEOUT_MS = 30_000
 RUN_TIMEOUT_S = 90.0
 
 # (cell id, source). The late cell reads `factor`, which a later cell changes.
@@ -198,34 +188,17 @@ class Journey:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
-    server = start_lab(tmp_path_factory.mktemp("lab"))
-    try:
+    with running_lab(tmp_path_factory.mktemp("lab")) as server:
         yield server
-    finally:
-        stop_lab(server)
 
 
 @pytest.fixture(scope="module")
 def journey(lab: LabServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Journey]:
-    from playwright.sync_api import sync_playwright
-
-    executable = chromium_path()
-    assert executable is not None
-    screenshots = Path(os.environ.get("NBREWIND_LAB_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
-    screenshots.mkdir(parents=True, exist_ok=True)
+    screenshots = screenshots_dir(tmp_path_factory)
     notebook = lab.root / "analysis" / "demo.ipynb"
     write_notebook(notebook)
-    playwright = sync_playwright().start()
-    try:
-        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 1500})
-            page.set_default_timeout(UI_TIMEOUT_MS)
-            yield Journey(lab, page, notebook, screenshots)
-        finally:
-            browser.close()
-    finally:
-        playwright.stop()
+    with browser_page(1200, 1500) as page:
+        yield Journey(lab, page, notebook, screenshots)
 
 
 def log_by_cell(rows: list[LogRow]) -> dict[str | None, LogRow]:
