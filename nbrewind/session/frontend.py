@@ -53,7 +53,7 @@ def log_reply(session: Session) -> list[dict[str, Any]]:
     info: dict[str | None, dict[str, Any]] = {}
     for row in cell_log(session.store):
         if row.session not in info:
-            info[row.session] = {"session": row.session, "kernel": row.kernel, "started": None, "current": row.session == session.session_id}
+            info[row.session] = {"session": row.session, "kernel": row.kernel, "started": row.started, "current": row.session == session.session_id}
         grouped.setdefault(row.session, []).append({
             "cell_run": row.id,
             "execution_count": row.execution_count,
@@ -65,7 +65,4 @@ def log_reply(session: Session) -> list[dict[str, Any]]:
             "saved": row.saved,
             "code": (row.code.strip().splitlines() or [""])[0],
         })
-    for run in session.store.catalog.cell_runs():
-        if run.session in info and info[run.session]["started"] is None:
-            info[run.session]["started"] = run.started
     return [{**info[s], "cells": grouped[s]} for s in reversed(list(info))]

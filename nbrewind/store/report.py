@@ -49,6 +49,8 @@ class LogRow:
     saved: float = 0.0
     """Seconds saved against the recorded runs: a replay's recorded time less its own,
     plus the recorded compute time of each task loaded from the cache."""
+    started: float | None = None
+    """When the cell run started (seconds since the epoch)."""
 
     @property
     def why(self) -> str:
@@ -119,6 +121,7 @@ def cell_log(store: Store, *, session: str | None = None, last_session: bool = F
                 replayed_from=source.id if source is not None else None,
                 recorded_duration=recorded,
                 saved=saved,
+                started=r.started,
             )
         )
     return rows
