@@ -433,6 +433,18 @@ def _chain_on(client: Client, first: Future, length: int) -> list[Future]:
     return links[1:]
 
 
+def _bumped_chain_behind_the_gate(client: Client) -> tuple[list[Future], list[Future]]:
+    """Map the gated tasks, chain two links on the target and bump the chain while the
+    gate holds the worker's one thread; the futures and the chain."""
+    _set_hold_timeout(client, BUMP_TIMEOUT)
+    futures = client.map(gated, range(N_TASKS))
+    chain = _chain_on(client, futures[TARGET], 2)
+    GATE.wait_entered()
+    assert prioritize(chain[-1]) == 3
+    wait_for_bump(client, [futures[TARGET].key])
+    return futures, chain
+
+
 @needs_cluster
 @pytest.mark.usefixtures("no_plugin_errors")
 def test_a_bumped_chain_runs_ahead_of_the_task_the_worker_holds() -> None:
@@ -445,12 +457,7 @@ def test_a_bumped_chain_runs_ahead_of_the_task_the_worker_holds() -> None:
     between every two links.
     """
     with one_thread_cluster() as client:
-        _set_hold_timeout(client, BUMP_TIMEOUT)
-        futures = client.map(gated, range(N_TASKS))
-        chain = _chain_on(client, futures[TARGET], 2)
-        GATE.wait_entered()
-        assert prioritize(chain[-1]) == 3
-        wait_for_bump(client, [futures[TARGET].key])
+        futures, chain = _bumped_chain_behind_the_gate(client)
         GATE.open()
         assert chain[-1].result() == TARGET + 2
         order = GATE.order()
@@ -549,12 +556,7 @@ def test_cancelling_the_rest_of_a_chain_releases_its_link() -> None:
     """When the chain's later links are cancelled, the scheduler tells the worker: its
     first link holds no thread (the timeout is long enough to tell)."""
     with one_thread_cluster() as client:
-        _set_hold_timeout(client, BUMP_TIMEOUT)
-        futures = client.map(gated, range(N_TASKS))
-        chain = _chain_on(client, futures[TARGET], 2)
-        GATE.wait_entered()
-        assert prioritize(chain[-1]) == 3
-        wait_for_bump(client, [futures[TARGET].key])
+        futures, chain = _bumped_chain_behind_the_gate(client)
         client.cancel(chain)
         deadline = time.monotonic() + BUMP_TIMEOUT
         while _holds(client)["pending"]:
