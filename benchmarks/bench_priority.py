@@ -164,7 +164,7 @@ SIDE_BY_SIDE = ("result", "slice")
 THROUGHPUT = ("slice-then-all",)
 #: Cell that sets the worker plugin's hold timeout (None: the plugin's default).
 HOLDS = """
-from nbrewind.tasks.priority.plugins import HOLD_TIMEOUT as _HOLD_TIMEOUT
+from nbrewind.tasks.priority import HOLD_TIMEOUT as _HOLD_TIMEOUT
 for _w in cluster.workers.values():
     if 'nbrewind-priority' in _w.plugins:
         _w.plugins['nbrewind-priority'].hold_timeout = _HOLD_TIMEOUT if {timeout} is None else {timeout}

@@ -9,7 +9,7 @@ tasks, re-sorting the queue) and on the workers that already hold some of them
 (re-sorting their ready, constrained and fetch heaps). When the bumped work is a
 chain (a chunk, the task that slices it, dask's ``finalize``), a worker keeps the
 thread a link frees for the next link, which the scheduler sends a round trip later,
-for at most :data:`HOLD_TIMEOUT` seconds (see ``plugins``).
+for at most :data:`HOLD_TIMEOUT` seconds (see ``worker_side``).
 :func:`enable_auto_priority` does the same whenever a client blocks on pending
 futures.
 
@@ -25,7 +25,9 @@ stream handler. Their classes subclass distributed's plugin bases, so they are
 built on first use (see :func:`__getattr__`) to keep importing this module free
 of any dask import.
 
-The package: ``plugins`` (the scheduler and worker halves and how a bump orders),
+The package: ``protocol`` (what the halves share: names, operations, timings and
+how a bump orders), ``scheduler_side`` and ``worker_side`` (the two halves' logic),
+``plugins`` (the plugin classes built from them, where pickle finds them),
 ``client`` (:func:`prioritize` and the keys it targets), ``auto`` (bumps whenever a
 client waits), ``switch`` (the config key that turns automatic bumps off).
 """
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 from nbrewind.tasks.priority.auto import auto_priority_for_new_clients, bump_waited, enable_auto_priority
 from nbrewind.tasks.priority.client import install, prioritize
-from nbrewind.tasks.priority.plugins import (
+from nbrewind.tasks.priority.protocol import (
     ARRIVAL_WAIT,
     HOLD_TIMEOUT,
     PENDING_TTL,
