@@ -151,13 +151,8 @@ def compare_outputs(fresh: Path, other: Path) -> list[str]:
 
 @contextmanager
 def dask_scratch(folder: Path) -> Iterator[dict[str, str]]:
-    """Environment for one kernel run with its own Dask scratch directory, removed afterwards.
-
-    Works around an NBRewind bug (see docs/benchmarks.md): the audit records
-    distributed's workspace probe (`tempfile.TemporaryFile(dir=scratch)`, an
-    O_TMPFILE open of the directory) as a file that was written and deleted, and a
-    replay then calls `unlink()` on the directory if it exists.
-    """
+    """Environment for one kernel run with its own Dask scratch directory, removed afterwards,
+    so no run finds another's worker directories or lock files."""
     scratch = folder / f"dask-scratch-{time.monotonic_ns()}"
     for old in folder.glob("dask-scratch-*"):
         shutil.rmtree(old, ignore_errors=True)
