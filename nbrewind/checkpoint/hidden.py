@@ -13,6 +13,7 @@ import os
 import random
 import sys
 import sysconfig
+import tempfile
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -29,6 +30,7 @@ __all__ = [
     "env_diff",
     "env_snapshot",
     "file_digest",
+    "in_temp_folder",
     "restore_rng",
     "rng_states",
 ]
@@ -249,6 +251,25 @@ class FileTracker:
 def _as_root(root: str) -> str:
     # "" stands for the filesystem root, so "root + os.sep" is a prefix of everything under it
     return os.path.abspath(root).rstrip(os.sep)
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + os.sep)
+
+
+def in_temp_folder(path: str, notebook_dir: str | os.PathLike[str]) -> bool:
+    """Whether the absolute, resolved `path` lies in the temp folder (`tempfile.gettempdir()`)
+    rather than among the notebook's own files (those under `notebook_dir`, the kernel's
+    start folder).
+
+    A replay writes back a temp file a cell left only when user code runs again (no later
+    cell may ever read it). A notebook whose own folder is the temp folder or inside it (a
+    scratch checkout in a CI job) owns the files in that folder: they are its output.
+    """
+    temp = _as_root(os.path.realpath(tempfile.gettempdir()))
+    own = _as_root(os.path.realpath(notebook_dir))
+    path = _as_root(path)
+    return _within(path, temp) and not (_within(path, own) and _within(own, temp))
 
 
 # Environment and working directory

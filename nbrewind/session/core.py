@@ -169,7 +169,7 @@ class Session:
     def _start_run(self, plan: CellPlan) -> None:
         """Bring back what the cell needs that replays left pending, then start recording it."""
         parts = self._opened()
-        parts.restorer.apply_pending_rng()
+        parts.restorer.apply_pending()
         parts.outside.apply_pending()
         try:
             parts.restorer.rebuild_pending(plan.reads, clients=may_need_client(plan, self.state.entries, self.namespace))

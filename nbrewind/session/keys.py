@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Keys", "user_names"]
 
+# Pseudo-inputs that observe the filesystem without reading a file's content.
+_WORLD = frozenset({Pseudo.LISTING, Pseudo.STAT, Pseudo.KIND})
+
 
 def user_names(shell: Any) -> set[str]:
     """The names the user's cells made (not IPython's own)."""
@@ -131,7 +134,10 @@ class Keys:
             return ABSENT
         kind, arg = parsed
         if kind in outside.OWNED:
-            return self._outside.key(kind, arg)
+            key = self._outside.key(kind, arg)
+            if self._rng.files and kind in _WORLD:
+                return self._with_pending_files(kind, self._paths.abs(arg), key)
+            return key
         if kind is Pseudo.RNG:
             pending = self._rng.pending.get(arg)
             if pending is not None:
@@ -139,7 +145,11 @@ class Keys:
             left = self._rng.left.get(arg)
             return left if left is not None else hidden.rng_states().get(arg, ABSENT)
         if kind is Pseudo.FILE:
-            return hidden.file_digest(self._paths.abs(arg)) or ABSENT
+            path = self._paths.abs(arg)
+            pending_file = self._rng.files.get(path)
+            if pending_file is not None:
+                return pending_file.key  # the key it has once written back
+            return hidden.file_digest(path) or ABSENT
         if kind is Pseudo.CWD:
             return self._paths.rel(os.getcwd())
         if kind is Pseudo.ENV:
@@ -147,6 +157,48 @@ class Keys:
         if kind is Pseudo.NAMES:
             return digest_bytes("\n".join(sorted(user_names(self._shell))).encode())
         return ABSENT
+
+    def _with_pending_files(self, kind: Pseudo, path: str, key: str) -> str:
+        """The key of a listing, stat or existence check of `path` (`key` on disk now) as it
+        will be once the temp files replayed cells left pending are written back: a replayed
+        chain that checks them still matches, and a record made while one was missing does not.
+
+        Listings are digested as `checkpoint.world.listing_key` digests them, stats as
+        `stat_key` does (a file's size and content digest).
+        """
+        files = self._rng.files
+        if kind is Pseudo.LISTING:
+            prefix = path.rstrip(os.sep) + os.sep
+            below = {p[len(prefix):]: entry for p, entry in files.items() if p.startswith(prefix)}
+            if not below:
+                return key
+            try:
+                names: set[str] | None = set(os.listdir(path))
+            except OSError:
+                names = None
+            for rest, entry in below.items():
+                child, _, deeper = rest.partition(os.sep)
+                if not entry.extra.get("deleted"):
+                    names = (names or set()) | {child}  # its folders are made when it is written
+                elif names is not None and not deeper:
+                    names.discard(child)
+            return ABSENT if names is None else digest_bytes("\0".join(sorted(names)).encode("utf-8", "surrogateescape"))
+        found = files.get(path)
+        if found is None:
+            prefix = path.rstrip(os.sep) + os.sep
+            made = any(p.startswith(prefix) and not e.extra.get("deleted") for p, e in files.items())
+            return "dir" if made and key == ABSENT else key
+        if key == "dir":
+            return key  # a folder is left alone when files are written back
+        if found.extra.get("deleted"):
+            return ABSENT
+        if kind is Pseudo.KIND:
+            return "file"
+        try:
+            size = self._state.objects.blob_size(found.digest)
+        except Exception:
+            return f"unreadable|{found.digest}"  # no record matches it: the cell runs
+        return f"file|{size}|{found.key}"
 
     def _is_pending(self, name: str) -> bool:
         ns = self._shell.user_ns

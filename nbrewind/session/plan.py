@@ -68,13 +68,19 @@ class LastCell:
 
 @dataclass
 class RngLedger:
-    """What the session knows of the global RNGs between cells: read and written by the
-    keys, the recorder, replay and restore, which is why it is one object."""
+    """What the session knows of the global RNGs between cells, and the temp files replayed
+    cells left: read and written by the keys, the recorder, replay and restore, which is why
+    it is one object."""
 
     pending: dict[str, Entry] = field(default_factory=dict)
     """States replayed cells left, applied just before the next cell runs."""
     left: dict[str, str] = field(default_factory=dict)
     """Digest of each global RNG state as the last recorded or replayed cell left it."""
+    files: dict[str, Entry] = field(default_factory=dict)
+    """`@file:` entries of files in the temp folder (`hidden.in_temp_folder`) that replayed
+    cells wrote or deleted, by absolute path: written (or removed) just before user code runs
+    again (`Restorer.apply_pending`), so a repeat that runs nothing leaves the temp folder alone.
+    Until then a key sees each path as its entry says."""
 
 
 @dataclass(frozen=True)

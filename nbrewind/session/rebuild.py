@@ -87,6 +87,7 @@ class Rebuilder:
         # resource, shared by every re-run that reads it (futures find the client made for them).
         self._made: dict[str, Any] = {}
         self._replaying = False
+        self.before_run: Callable[[], None] = lambda: None  # the Restorer's: temp files replayed cells left are written first
 
     # -- resources: deferred cells ---------------------------------------------------
 
@@ -277,6 +278,7 @@ class Rebuilder:
         return load
 
     def _exec(self, code: str, label: str, namespace: dict[str, Any], failed: bool) -> None:
+        self.before_run()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             # The shell's own compiler flags (a cell's `from __future__ import ...` lasts),
             # never this module's: inherited, they would change what the code compiles to.

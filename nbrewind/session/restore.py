@@ -64,6 +64,8 @@ class Restorer:
         self._rebuilder = rebuilder
         self._unrecordable = unrecordable
         """Why the current cell must not be recorded: the session's list, cleared per request."""
+        # Recorded cells that run again must find the temp files replayed cells left, too.
+        rebuilder.before_run = self.apply_pending_files
 
     def rebuild_pending(self, reads: Iterable[str], *, clients: bool = True) -> None:
         """Before a cell runs, bring back the unstorable values it reads and (unless
@@ -90,11 +92,33 @@ class Restorer:
         """A replayed cell made or used a pending resource: see `Rebuilder.defer`."""
         self._rebuilder.defer(step)
 
+    def apply_pending(self) -> None:
+        """Just before a cell runs: put in place the RNG states and temp files that replayed
+        cells left pending (`RngLedger`), as a fresh run would have them by now."""
+        self.apply_pending_rng()
+        self.apply_pending_files()
+
     def apply_pending_rng(self) -> None:
         for which, entry in list(self._rng.pending.items()):
             state = load_group(self._state.objects, entry.digest)["state"]
             hidden.restore_rng({which: state})
             del self._rng.pending[which]
+
+    def apply_pending_files(self) -> None:
+        """Write (or remove) the temp files replayed cells left pending: before a cell runs,
+        and before the `Rebuilder` re-runs recorded cells. One that cannot be written is
+        reported, and the cell runs without it."""
+        files = self._rng.files
+        while files:
+            path = next(iter(files))
+            entry = files.pop(path)
+            try:
+                self._write_file(Path(path), entry)
+            except Exception as exc:
+                self._notices.notice(
+                    f"NBRewind warning: {path}, which a replayed cell left in the temp folder, could not be "
+                    f"written back ({type(exc).__name__}: {exc}); a cell that reads it may not do what a fresh run does"
+                )
 
     def advance_history(self, code: str, count: int) -> None:
         shell = self._shell
@@ -150,16 +174,16 @@ class Restorer:
             # and restoring numpy's state would import numpy now.
             self._rng.pending[entry.extra["rng"]] = entry
         elif what == "file":
-            path = Path(self._paths.abs(entry.extra["path"]))
-            if path.is_dir():
-                return  # never a file we recorded; leave directories alone
-            if entry.extra.get("deleted"):
-                path.unlink(missing_ok=True)
-            elif hidden.file_digest(path) != entry.key:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(path.name + ".nbrewind-tmp")
-                tmp.write_bytes(self._state.objects.get_blob(entry.digest))
-                os.replace(tmp, path)
+            path = self._paths.abs(entry.extra["path"])
+            if hidden.in_temp_folder(path, self._paths.start_dir):
+                # Written when user code runs again (`apply_pending_files`): perhaps no cell
+                # ever reads it. Its objects must be there now, while this cell can still run
+                # instead of replaying.
+                if not entry.extra.get("deleted"):
+                    self._check_blob(entry.digest)
+                self._rng.files[path] = entry
+            else:
+                self._write_file(Path(path), entry)
         elif what == "env":
             value = entry.extra.get("value")
             if value is None:
@@ -170,6 +194,26 @@ class Restorer:
             os.chdir(self._paths.abs(entry.extra["path"]))
         else:
             self._outside.apply(entry)  # library settings and local modules' state
+
+    def _write_file(self, path: Path, entry: Entry) -> None:
+        """Make the file at `path` what a `@file:` entry says: its content, or gone."""
+        if path.is_dir():
+            return  # never a file we recorded; leave directories alone
+        if entry.extra.get("deleted"):
+            path.unlink(missing_ok=True)
+        elif hidden.file_digest(path) != entry.key:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".nbrewind-tmp")
+            tmp.write_bytes(self._state.objects.get_blob(entry.digest))
+            os.replace(tmp, path)
+
+    def _check_blob(self, digest: str) -> None:
+        """Raise LookupError unless the stored blob `digest` and its chunks are there and
+        look sound (a chunk's header and length; small ones are re-hashed), without reading it."""
+        objects = self._state.objects
+        children, _ = objects.get_tree(digest)
+        if not all(objects.has_sound(child) for child in children):
+            raise LookupError(f"the stored content of a file ({digest}) is damaged or missing")
 
     def load_pending(self, name: str, token: Any) -> dict[str, Any]:
         """LazyNamespace loader: load the group behind `token` and return its pending members.

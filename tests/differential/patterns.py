@@ -410,6 +410,19 @@ PATTERNS: list[Pattern] = [
         files_repeat={"in.txt": "abcdef"},
     ),
     pattern(
+        "tempfile_read_after_edit",
+        "a cell writes a mkstemp file, the last cell reads and removes it, and is edited; replays leave temp files "
+        "pending, so a repeat that does not write it back before the edited cell runs fails with FileNotFoundError, "
+        "and a reader keyed on the missing file runs instead of replaying",
+        [
+            "import os, tempfile\nfd, path = tempfile.mkstemp(suffix='.txt')\n"
+            "with os.fdopen(fd, 'w') as fh:\n    fh.write('alpha\\nbeta\\n')\ndel fd, fh",
+            "with open(path) as fh:\n    first = fh.readline().strip()\ndel fh\nprint(first)",
+            "with open(path) as fh:\n    n = len(fh.read().splitlines())\ndel fh\nos.remove(path)\ndel path\nprint(n)",
+        ],
+        edit={2: "with open(path) as fh:\n    text = fh.read().upper()\ndel fh\nos.remove(path)\ndel path\nprint(text)"},
+    ),
+    pattern(
         "sqlite_param_edited",
         "the notebook builds db.sqlite from N_ROWS (edited 3 -> 5); sqlite opens the file natively, "
         "so a stale replay of the query prints (3, 3) instead of (5, 10)",
@@ -644,6 +657,7 @@ KERNEL_PATTERNS: list[str] = [
     "settings_unmodified_replay",
     "pandas_set_option_after_import_edit",
     "listdir_new_file",
+    "tempfile_read_after_edit",
     "sqlite_changed_outside",
     "env_var_in_function",
     "main_dict_read",
