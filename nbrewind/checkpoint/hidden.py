@@ -20,6 +20,7 @@ from typing import Any
 
 import xxhash
 
+from nbrewind.checkpoint.world import listing_key, stat_key
 from nbrewind.identity.files import file_digest, quiet_reads
 
 __all__ = [
@@ -105,7 +106,11 @@ _quiet = quiet_reads  # set while NBRewind itself reads files, so they are not r
 
 
 def _audit_hook(event: str, args: tuple[Any, ...]) -> None:
-    if not _active or event != "open" or getattr(_quiet, "on", False):
+    if not _active or getattr(_quiet, "on", False):
+        return
+    if event != "open":
+        if event in _CHANGE_EVENTS:
+            _changed(event, args)
         return
     try:
         path, mode, flags = args
@@ -122,6 +127,106 @@ def _audit_hook(event: str, args: tuple[Any, ...]) -> None:
             tracker._record(absolute, reads, writes, thread)
     except Exception:  # noqa: BLE001 - an exception here would fail the user's open()
         return
+
+
+# Events that change a path without opening it: (event -> positions of (path, dir_fd)
+# argument pairs among the event's arguments). A removed, renamed or truncated file is
+# written as far as a replay goes: the recorder finds it gone (or changed) after the cell.
+_CHANGE_EVENTS: dict[str, tuple[tuple[int, int | None], ...]] = {
+    "os.remove": ((0, 1),),
+    "os.rmdir": ((0, 1),),
+    "os.truncate": ((0, None),),
+    "os.rename": ((0, 2), (1, 3)),
+    "os.link": ((1, 3),),
+    "os.symlink": ((1, 2),),
+    "shutil.rmtree": ((0, 1),),
+}
+
+
+def _event_path(path: object, dir_fd: object) -> str | None:
+    """The absolute path an event names (relative to `dir_fd` when it has one), or None."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        return None  # a file descriptor: no path to track
+    text = os.fsdecode(os.fspath(path))
+    if isinstance(dir_fd, int) and dir_fd >= 0 and not os.path.isabs(text):  # -1: no dir_fd
+        try:
+            text = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), text)
+        except OSError:
+            return None
+    return os.path.abspath(text)
+
+
+def _below(root: str) -> list[str]:
+    """Every path under the directory `root` (not following links)."""
+    found: list[str] = []
+    for folder, dirs, files in os.walk(root):
+        found += [os.path.join(folder, name) for name in (*dirs, *files)]
+    return found
+
+
+def _changed(event: str, args: tuple[Any, ...]) -> None:
+    """Record the paths a removal, rename, link or truncation changes, before it happens,
+    and what its outcome depends on (`FileTracker.found`).
+
+    A directory that is removed or renamed is recorded with everything under it (as it
+    is now): a replay removes the tree, and files moved with it are written where they go.
+    """
+    # NBRewind's own look at the paths is no listing or stat of the cell's.
+    quiet_before = getattr(_quiet, "on", False)
+    _quiet.on = True
+    try:
+        thread = threading.get_ident()
+        paths = [_event_path(args[p], args[d] if d is not None and d < len(args) else None) for p, d in _CHANGE_EVENTS[event]]
+        facts = _depends_on(event, args, paths)
+        first = paths[0]
+        if first is not None and _is_tree(first) and event in ("os.rename", "shutil.rmtree"):
+            below = _below(first)
+            paths += below
+            if event == "os.rename" and paths[1] is not None:
+                paths += [paths[1] + p[len(first):] for p in below]
+                facts += [("listing" if _is_tree(p) else "stat", p) for p in [first, *below]]
+        found = {(how, path): _fact(how, path) for how, path in facts if path is not None}
+        for tracker in _active:
+            tracker._note_found(found, thread)
+        for path in paths:
+            if path is None:
+                continue
+            is_dir = _is_tree(path)
+            for tracker in _active:
+                tracker._record(path, False, True, thread, is_dir=is_dir)
+    except Exception:  # noqa: BLE001 - an exception here would fail the user's call
+        return
+    finally:
+        _quiet.on = quiet_before
+
+
+def _is_tree(path: str) -> bool:
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
+def _depends_on(event: str, args: tuple[Any, ...], paths: list[str | None]) -> list[tuple[str, str | None]]:
+    """What the outcome of a change event depends on besides the cell: whether its target
+    exists (and is a file or a folder: "kind"), the content a file moved, linked or
+    truncated had ("stat"); a renamed folder adds its listings and files (see `_changed`)."""
+    if event in ("os.remove", "os.rmdir", "shutil.rmtree"):
+        return [("kind", paths[0])]
+    if event == "os.truncate":
+        return [("stat", paths[0])]
+    if event == "os.rename":
+        return [("stat", paths[0]), ("kind", paths[1])]
+    # os.link(src, dst, ...) and os.symlink(src, dst, ...): the new name shows src's content
+    dst = paths[0]
+    src = _event_path(args[0], args[2] if event == "os.link" and len(args) > 2 else None)
+    if event == "os.symlink" and src is not None and dst is not None and not os.path.isabs(os.fsdecode(args[0])):
+        src = os.path.abspath(os.path.join(os.path.dirname(dst), os.fsdecode(args[0])))
+    return [("stat", src), ("kind", dst)]
+
+
+def _fact(how: str, path: str) -> str:
+    """The key of one thing a change depends on, as `Pseudo.KIND`, `STAT` or `LISTING` inputs key it."""
+    if how == "listing":
+        return listing_key(path)
+    return stat_key(path, kind_only=how == "kind")
 
 
 def _ensure_hook() -> None:
@@ -192,6 +297,13 @@ class FileTracker:
         self.created: set[str] = set()
         """Written files that did not exist when the cell first opened them: one it also
         removed again (a scratch file, `tempfile`'s probe of the temp dir) left nothing."""
+        self.found: dict[tuple[str, str], str] = {}
+        """What removals, renames, links and truncations depended on, found before the cell
+        changed it: ("kind" | "stat" | "listing", path) -> key, for paths the cell had not
+        opened or changed before (`Pseudo.KIND`, `STAT` and `LISTING` inputs of the cell)."""
+        self.dirs: set[str] = set()
+        """Written paths that were directories when the cell removed or renamed them (they
+        are in `writes` too): one that is gone after the cell is removed, tree and all, by a replay."""
         self._owner: int | None = None
         self._lock = threading.Lock()
 
@@ -210,6 +322,8 @@ class FileTracker:
             self.writes = set()
             self.read_digests = {}
             self.created = set()
+            self.dirs = set()
+            self.found = {}
 
     @contextlib.contextmanager
     def tracking(self) -> Iterator[FileTracker]:
@@ -226,11 +340,23 @@ class FileTracker:
                 _active = tuple(tracker for tracker in _active if tracker is not self)
             self._owner = None
 
-    def _record(self, path: str, reads: bool, writes: bool, thread: int) -> None:
+    def _note_found(self, found: dict[tuple[str, str], str], thread: int) -> None:
+        if not self.all_threads and thread != self._owner:
+            return
+        with self._lock:
+            for (how, path), key in found.items():
+                if path in self.reads or path in self.writes or self.excluded(path):
+                    continue  # the cell made it, or its read already keys the content
+                self.found.setdefault((how, path), key)
+
+    def _record(self, path: str, reads: bool, writes: bool, thread: int, *, is_dir: bool = False) -> None:
         if not self.all_threads and thread != self._owner:
             return
         if self.excluded(path):
             return
+        if is_dir:
+            with self._lock:
+                self.dirs.add(path)
         with self._lock:
             first_read = reads and path not in self.reads and path not in self.writes
             first_touch = writes and path not in self.reads and path not in self.writes

@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Recorded", "Recorder"]
 
+_FOUND = {"kind": Pseudo.KIND, "stat": Pseudo.STAT, "listing": Pseudo.LISTING}
+"""`FileTracker.found`'s kinds of fact as the pseudo-inputs that key them now."""
+
 
 @dataclass
 class Recorded:
@@ -301,6 +304,9 @@ class Recorder:
             found = files.read_digests.get(path, hidden.file_digest(path))
             inputs[pseudo.name(Pseudo.FILE, rel(path))] = found or ABSENT
         self._outside.world_inputs(world, plan.env_before, inputs, env_key)
+        for (how, path), key in sorted(files.found.items()):
+            # What a removal, rename or link found: whether the path existed, its content, a folder's names.
+            inputs.setdefault(pseudo.name(_FOUND[how], rel(path)), key)
         outside_bytes, impure = self._outside.after(plan.outside_before, inputs, changed, draft.staged)
         draft.written += outside_bytes
         if not any(k.startswith(Pseudo.SETTING.value) for k in changed):
@@ -322,9 +328,10 @@ class Recorder:
                 draft.written += blob.new_bytes
                 changed[pseudo.name(Pseudo.FILE, relpath)] = Entry(blob.digest, HIDDEN, key, (), {"what": "file", "path": relpath})
             else:
-                changed[pseudo.name(Pseudo.FILE, relpath)] = Entry(
-                    ABSENT, HIDDEN, ABSENT, (), {"what": "file", "path": relpath, "deleted": True}
-                )
+                gone: dict[str, Any] = {"what": "file", "path": relpath, "deleted": True}
+                if path in files.dirs:
+                    gone["dir"] = True  # removed with everything under it
+                changed[pseudo.name(Pseudo.FILE, relpath)] = Entry(ABSENT, HIDDEN, ABSENT, (), gone)
         if files.writes:
             inputs[pseudo.name(Pseudo.CWD)] = rel(plan.cwd_before)
 

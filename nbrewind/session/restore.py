@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -196,9 +197,12 @@ class Restorer:
             self._outside.apply(entry)  # library settings and local modules' state
 
     def _write_file(self, path: Path, entry: Entry) -> None:
-        """Make the file at `path` what a `@file:` entry says: its content, or gone."""
-        if path.is_dir():
-            return  # never a file we recorded; leave directories alone
+        """Make the file at `path` what a `@file:` entry says: its content, or gone (a
+        directory the cell removed goes with everything under it, as the cell's removal took it)."""
+        if path.is_dir() and not path.is_symlink():
+            if entry.extra.get("deleted") and entry.extra.get("dir"):
+                shutil.rmtree(path)
+            return  # otherwise never a file we recorded; leave directories alone
         if entry.extra.get("deleted"):
             path.unlink(missing_ok=True)
         elif hidden.file_digest(path) != entry.key:

@@ -284,3 +284,91 @@ def test_opening_a_directory_for_an_unnamed_temp_file_is_not_a_write(tmp_path: P
     with tracker.tracking():
         tempfile.TemporaryFile(dir=tmp_path).close()
     assert str(tmp_path) not in tracker.writes and not any(os.path.isdir(p) for p in tracker.writes)
+
+
+# -- paths changed without an open: removals, renames, links, truncation -----------------
+
+
+def test_removed_renamed_truncated_and_linked_files_are_writes(tmp_path: Path) -> None:
+    names = ["gone.txt", "old.txt", "short.txt", "target.txt", "byfd.txt"]
+    for name in names:
+        (tmp_path / name).write_text("abc")
+    tracker = FileTracker()
+    with tracker.tracking():
+        os.remove(tmp_path / "gone.txt")
+        os.replace(tmp_path / "old.txt", tmp_path / "new.txt")
+        os.truncate(tmp_path / "short.txt", 1)
+        os.link(tmp_path / "target.txt", tmp_path / "hard.txt")
+        os.symlink(tmp_path / "target.txt", tmp_path / "soft.txt")
+        folder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.unlink("byfd.txt", dir_fd=folder)  # relative to a directory descriptor, as rmtree does
+        finally:
+            os.close(folder)
+    expected = {"gone.txt", "old.txt", "new.txt", "short.txt", "hard.txt", "soft.txt", "byfd.txt"}
+    assert tracker.writes == {str(tmp_path / n) for n in expected}
+    assert tracker.reads == set() and tracker.dirs == set()
+    assert tracker.created == {str(tmp_path / n) for n in ("new.txt", "hard.txt", "soft.txt")}
+
+
+def test_a_removed_or_moved_tree_is_recorded_with_everything_under_it(tmp_path: Path) -> None:
+    import shutil
+
+    for folder in ("doomed", "moving"):
+        (tmp_path / folder / "sub").mkdir(parents=True)
+        (tmp_path / folder / "a.txt").write_text("a")
+        (tmp_path / folder / "sub" / "b.txt").write_text("b")
+    tracker = FileTracker()
+    with tracker.tracking():
+        shutil.rmtree(tmp_path / "doomed")
+        os.rename(tmp_path / "moving", tmp_path / "moved")
+    under = ("", "/a.txt", "/sub", "/sub/b.txt")
+    assert {str(tmp_path / "doomed") + u for u in under} <= tracker.writes
+    assert {str(tmp_path / "moving") + u for u in under} <= tracker.writes
+    assert {str(tmp_path / "moved") + u for u in ("", "/a.txt", "/sub/b.txt")} <= tracker.writes
+    assert {str(tmp_path / "doomed"), str(tmp_path / "doomed/sub"), str(tmp_path / "moving")} <= tracker.dirs
+    assert not any(p.endswith(".txt") for p in tracker.dirs)
+
+
+def test_removals_outside_tracking_or_under_exclusions_are_not_recorded(tmp_path: Path) -> None:
+    kept, outside = tmp_path / "kept", tmp_path / "outside.txt"
+    kept.mkdir()
+    (kept / "x.txt").write_text("x")
+    outside.write_text("o")
+    os.remove(outside)  # no tracker is active
+    tracker = FileTracker(exclude=[kept])
+    with tracker.tracking():
+        os.remove(kept / "x.txt")
+    assert tracker.writes == set()
+
+
+def test_what_a_removal_or_rename_depended_on_is_found_before_it(tmp_path: Path) -> None:
+    import shutil
+
+    from nbrewind.checkpoint.world import listing_key, stat_key
+
+    (tmp_path / "a.txt").write_text("abc")
+    (tmp_path / "b.txt").write_text("b")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "x.txt").write_text("x")
+    (tmp_path / "e").mkdir()
+    made = tmp_path / "made.txt"
+    expected = {
+        ("stat", str(tmp_path / "a.txt")): stat_key(str(tmp_path / "a.txt")),
+        ("kind", str(tmp_path / "moved.txt")): "absent",
+        ("kind", str(tmp_path / "b.txt")): "file",
+        ("stat", str(tmp_path / "d")): "dir",
+        ("listing", str(tmp_path / "d")): listing_key(str(tmp_path / "d")),
+        ("stat", str(tmp_path / "d" / "x.txt")): stat_key(str(tmp_path / "d" / "x.txt")),
+        ("kind", str(tmp_path / "d2")): "absent",
+        ("kind", str(tmp_path / "e")): "dir",
+    }
+    tracker = FileTracker()
+    with tracker.tracking():
+        os.rename(tmp_path / "a.txt", tmp_path / "moved.txt")
+        os.remove(tmp_path / "b.txt")
+        os.rename(tmp_path / "d", tmp_path / "d2")
+        shutil.rmtree(tmp_path / "e")
+        made.write_text("mine")
+        os.remove(made)  # the cell made it: its existence is the cell's doing, not an input
+    assert tracker.found == expected

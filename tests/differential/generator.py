@@ -564,6 +564,40 @@ def views(rng: random.Random, s: str) -> Fragment:
     return Fragment("views", cells, edits)
 
 
+def removals(rng: random.Random, s: str) -> Fragment:
+    """Files written by one cell and removed, renamed or moved by a later one (no open: only
+    the removal says the file changed), then looked for, listed and read."""
+    k = rng.randint(2, 5)
+    gone = rng.randint(0, k - 1)
+    ops = {
+        "remove": f"import os\nos.remove('keep{s}/f{gone}.txt')",
+        "unlink": f"from pathlib import Path\nPath('keep{s}/f{gone}.txt').unlink()",
+        "replace": f"import os\nos.replace('keep{s}/f{gone}.txt', 'moved{s}.txt')",
+        "move-tree": f"import shutil\nshutil.move('keep{s}', 'tree{s}')",
+        "rmtree": f"import shutil\nshutil.rmtree('keep{s}')",
+    }
+    op = rng.choice(sorted(ops))
+    readers = [
+        f"import os\nprint(sorted(os.listdir('keep{s}')) if os.path.isdir('keep{s}') else None)",
+        f"import os\nprint(os.path.exists('moved{s}.txt'), os.path.isdir('tree{s}'))",
+        f"from pathlib import Path\nprint(Path('keep{s}/f0.txt').read_text() if Path('keep{s}/f0.txt').exists() else 'no f0')",
+    ]
+
+    def writer(n: int) -> str:
+        return (
+            f"import os\nos.makedirs('keep{s}', exist_ok=True)\nfor i{s} in range({n}):\n"
+            f"    with open(f'keep{s}/f{{i{s}}}.txt', 'w') as fh:\n        fh.write(str(i{s}) * 3)\ndel fh, i{s}"
+        )
+
+    cells = [writer(k), ops[op], *readers]
+    edits = [
+        Edit("removal-count", 0, writer(_other(rng, k, 1, 6))),
+        Edit("removal-op", 1, ops[rng.choice([o for o in sorted(ops) if o != op])]),
+        Edit("removal-reader", 2 + rng.randrange(len(readers)), f"import os\nprint('after:', sorted(p for p in os.listdir('.') if p.endswith(('{s}', '{s}.txt'))))"),
+    ]
+    return Fragment("removals", cells, edits)
+
+
 FAMILIES: dict[str, FragmentMaker] = {
     "alias": alias,
     "mutfunc": mutfunc,
@@ -578,6 +612,7 @@ FAMILIES: dict[str, FragmentMaker] = {
     "inplace": inplace,
     "settings": settings,
     "listing": listing,
+    "removals": removals,
     "views": views,
 }
 

@@ -410,6 +410,61 @@ PATTERNS: list[Pattern] = [
         files_repeat={"in.txt": "abcdef"},
     ),
     pattern(
+        "file_removed_then_checked",
+        "a later cell removes a file an earlier one wrote; the check after it is edited: a replay that does not "
+        "remove it again leaves the file in place, so the edited check prints True where a fresh run prints False",
+        [
+            'with open("made.txt", "w") as fh:\n    fh.write("x")\ndel fh',
+            'import os\nos.remove("made.txt")',
+            'print(os.path.exists("made.txt"))',
+        ],
+        edit={2: 'print("exists:", os.path.exists("made.txt"))'},
+    ),
+    pattern(
+        "file_renamed_then_read",
+        "a later cell renames (os.replace) a file an earlier one wrote; the reader after it is edited: a replay that "
+        "does not rename it again leaves the old name in place and the new one missing",
+        [
+            'with open("draft.txt", "w") as fh:\n    fh.write("v1")\ndel fh',
+            'import os\nos.replace("draft.txt", "final.txt")',
+            'print(sorted(p for p in os.listdir(".") if p.endswith(".txt")))',
+        ],
+        edit={2: 'print("txt:", sorted(p for p in os.listdir(".") if p.endswith(".txt")))'},
+    ),
+    pattern(
+        "tree_removed_then_listed",
+        "a later cell removes a folder of files an earlier one wrote (shutil.rmtree); the listing after it is edited",
+        [
+            'import os\nos.makedirs("parts", exist_ok=True)\nfor i in range(3):\n    with open(f"parts/{i}.txt", "w") as fh:\n        fh.write(str(i))\ndel fh, i',
+            'import shutil\nshutil.rmtree("parts")',
+            'print(os.path.isdir("parts"))',
+        ],
+        edit={2: 'print("parts:", os.path.isdir("parts"))'},
+    ),
+    pattern(
+        "folder_moved_after_its_files_changed",
+        "the cell writing a folder's files is edited to write fewer; the unchanged cell that moves the folder must "
+        "run again: replayed, it would put back the moved files the audit saw (a rename reads nothing through open)",
+        [
+            'import os\nos.makedirs("keep", exist_ok=True)\nfor i in range(4):\n    with open(f"keep/f{i}.txt", "w") as fh:\n        fh.write(str(i))\ndel fh, i',
+            'import shutil\nshutil.move("keep", "tree")',
+            'print(sorted(os.listdir("tree")))',
+        ],
+        edit={0: 'import os\nos.makedirs("keep", exist_ok=True)\nfor i in range(2):\n    with open(f"keep/f{i}.txt", "w") as fh:\n        fh.write(str(i))\ndel fh, i'},
+        replays=(),
+    ),
+    pattern(
+        "remove_of_a_file_no_longer_made",
+        "the cell that made a file is edited not to; the unchanged cell removing it must run (and fail as a fresh run "
+        "does): a removal depends on the path existing",
+        [
+            'with open("made.txt", "w") as fh:\n    fh.write("x")\ndel fh',
+            'import os\nos.remove("made.txt")\nprint("removed")',
+        ],
+        edit={0: 'print("nothing made")'},
+        replays=(),
+    ),
+    pattern(
         "tempfile_read_after_edit",
         "a cell writes a mkstemp file, the last cell reads and removes it, and is edited; replays leave temp files "
         "pending, so a repeat that does not write it back before the edited cell runs fails with FileNotFoundError, "
@@ -658,6 +713,8 @@ KERNEL_PATTERNS: list[str] = [
     "pandas_set_option_after_import_edit",
     "listdir_new_file",
     "tempfile_read_after_edit",
+    "file_renamed_then_read",
+    "folder_moved_after_its_files_changed",
     "sqlite_changed_outside",
     "env_var_in_function",
     "main_dict_read",
