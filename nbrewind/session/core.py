@@ -139,13 +139,13 @@ class Session:
             self.unrecordable.clear()  # cleared, not replaced: the Restorer appends to this list
             self._outcome = (msg_id, outcome.not_recorded("the cell ran as on a plain kernel"))
         if silent:
-            return CellPlan(record=False)
+            return self._unrecorded()
         if not store_history:
             self._outcome = (msg_id, outcome.not_recorded("store_history is off for this request"))
-            return CellPlan(record=False)
+            return self._unrecorded()
         if not self._ready():
             self._outcome = (msg_id, outcome.not_recorded("recording is off for this kernel (the kernel log says why)"))
-            return CellPlan(record=False)
+            return self._unrecorded()
         for name in self.committer.take_lost():
             self.state.entries.pop(name, None)
             self.state.forget(name)
@@ -165,6 +165,18 @@ class Session:
             self._outcome = (msg_id, outcome.not_recorded(f"NBRewind could not start recording ({type(exc).__name__})"))
             return CellPlan(record=False)
         return plan
+
+    def _unrecorded(self) -> CellPlan:
+        """A request that runs unrecorded (silent, without history, recording off) still runs
+        after the RNG states, settings and temp files replayed cells left: put them in place."""
+        parts = self._handle.opened()
+        if parts is not None:
+            try:
+                parts.restorer.apply_pending()
+                parts.outside.apply_pending()
+            except Exception as exc:
+                self._warn("could not put back the state replayed cells left", exc)
+        return CellPlan(record=False)
 
     def _start_run(self, plan: CellPlan) -> None:
         """Bring back what the cell needs that replays left pending, then start recording it."""

@@ -156,6 +156,10 @@ class StoreHandle:
         assert self._parts is not None
         return self._parts
 
+    def opened(self) -> Parts | None:
+        """The collaborators if the store is already open, else None (nothing is opened)."""
+        return self._parts
+
     def usable(self) -> bool:
         """Whether the store is open or opens now; the first failure says why, once."""
         if self._failed:

@@ -5,6 +5,7 @@ lazy restore and time travel. Each test audits cells on one shell, then repeats
 from __future__ import annotations
 
 import math
+import random
 from pathlib import Path
 from typing import Any as Runner  # the fixture type lives in conftest.py
 
@@ -384,3 +385,26 @@ def test_keying_a_cell_that_calls_a_stored_function_does_not_load_it(runner: Run
     assert runner.ns.is_pending("f") and runner.ns.is_pending("helper")
     out = runner.run(["K = 4", *cells[1:]], "repeat")
     assert decisions(out) == ["E", "R", "R", "E"] and runner.ns["y"] == 9
+
+
+@pytest.mark.parametrize("how", ["silent", "no-history", "recording-off"])
+def test_an_unrecorded_request_runs_after_the_state_replayed_cells_left(runner: Runner, how: str) -> None:
+    """A silent request, one without history, or one while recording is off is not recorded,
+    but it runs as in a fresh run: after the global RNG state the replayed cells left."""
+    cells = ["import random\nrandom.seed(7)", "x = random.random()"]
+    runner.run(cells)
+    fresh_next = random.Random(7)
+    fresh_next.random()
+    expected = fresh_next.random()
+    random.seed(12345)  # a new process's state: the repeat kernel shares this interpreter with the audit
+    out = runner.run(cells, mode="repeat")
+    assert [o.decision for o in out] == ["replayed", "replayed"]
+    session = runner.session
+    assert session is not None
+    code = "y = random.random()"
+    if how == "recording-off":
+        session.enabled = False
+    plan = session.begin(code, silent=how == "silent", store_history=how != "no-history", msg_id="m")
+    assert not plan.record
+    session.shell.run_cell(code, store_history=how != "no-history", silent=how == "silent")
+    assert runner.ns["y"] == expected
