@@ -173,12 +173,15 @@ def scheduler_priorities(client: Client, keys: list[Any]) -> list[tuple[float, .
     return client.run_on_scheduler(read)
 
 
-def _bump_shows(client: Client, key: Hashable) -> bool:
-    """Whether `key` carries a bump on the scheduler and, if the worker holds it, there too."""
+def _bump_shows(client: Client, key: Hashable, *, held: bool = False) -> bool:
+    """Whether `key` carries a bump on the scheduler and, if the worker holds it, there too
+    (with `held`, only once the worker holds it)."""
 
     def on_worker(dask_worker: Any) -> bool:
         ts = dask_worker.state.tasks.get(key)
-        return ts is None or ts.priority is None or ts.priority[0] == float("-inf")
+        if ts is None or ts.priority is None:
+            return not held
+        return bool(ts.priority[0] == float("-inf"))
 
     def on_scheduler(dask_scheduler: Any) -> bool:
         ts = dask_scheduler.tasks.get(key)
@@ -187,15 +190,16 @@ def _bump_shows(client: Client, key: Hashable) -> bool:
     return bool(client.run_on_scheduler(on_scheduler)) and all(client.run(on_worker).values())
 
 
-def wait_for_bump(client: Client, keys: list[Hashable]) -> None:
-    """Return once every key shows its bump where it is queued.
+def wait_for_bump(client: Client, keys: list[Hashable], *, held: bool = False) -> None:
+    """Return once every key shows its bump where it is queued (with `held`: on the worker,
+    where a bumped task queued on the scheduler is handed at once).
 
     The scheduler applies a bump before ``prioritize`` returns, but tells the
     worker on its batched stream, and an automatic bump happens in whichever
     thread blocks: polling the state is the one way to see either land.
     """
     deadline = time.monotonic() + BUMP_TIMEOUT
-    while not all(_bump_shows(client, key) for key in keys):
+    while not all(_bump_shows(client, key, held=held) for key in keys):
         if time.monotonic() > deadline:
             raise AssertionError(f"no bump on {keys} within {BUMP_TIMEOUT} s")
         time.sleep(0.01)
@@ -333,7 +337,9 @@ def test_a_later_bump_wins_over_an_earlier_one() -> None:
         assert prioritize(futures[150]) == 1
         p50, p150, p10 = scheduler_priorities(client, [futures[i].key for i in (50, 150, 10)])
         assert p150 < p50 < p10
-        wait_for_bump(client, [futures[50].key, futures[150].key])
+        # Both on the worker before it picks its next task: on a loaded machine the hand-off of
+        # 150 can still be on its way when 50's has landed, and the worker would run 50 first.
+        wait_for_bump(client, [futures[50].key, futures[150].key], held=True)
         GATE.open()
         assert futures[50].result() == 50 and futures[20].result() == 20
         order = GATE.order()
