@@ -134,6 +134,7 @@ def _audit_hook(event: str, args: tuple[Any, ...]) -> None:
 # written as far as a replay goes: the recorder finds it gone (or changed) after the cell.
 _CHANGE_EVENTS: dict[str, tuple[tuple[int, int | None], ...]] = {
     "os.remove": ((0, 1),),
+    "os.mkdir": ((0, 2),),
     "os.rmdir": ((0, 1),),
     "os.truncate": ((0, None),),
     "os.rename": ((0, 2), (1, 3)),
@@ -193,7 +194,7 @@ def _changed(event: str, args: tuple[Any, ...]) -> None:
                 continue
             is_dir = _is_tree(path)
             for tracker in _active:
-                tracker._record(path, False, True, thread, is_dir=is_dir)
+                tracker._record(path, False, True, thread, is_dir=is_dir, made_dir=event == "os.mkdir")
     except Exception:  # noqa: BLE001 - an exception here would fail the user's call
         return
     finally:
@@ -210,6 +211,9 @@ def _depends_on(event: str, args: tuple[Any, ...], paths: list[str | None]) -> l
     truncated had ("stat"); a renamed folder adds its listings and files (see `_changed`)."""
     if event in ("os.remove", "os.rmdir", "shutil.rmtree"):
         return [("kind", paths[0])]
+    if event == "os.mkdir":
+        # Making a folder fails if the path exists, unless the caller asked to tolerate that.
+        return [] if _tolerates_existing() else [("kind", paths[0])]
     if event == "os.truncate":
         return [("stat", paths[0])]
     if event == "os.rename":
@@ -220,6 +224,21 @@ def _depends_on(event: str, args: tuple[Any, ...], paths: list[str | None]) -> l
     if event == "os.symlink" and src is not None and dst is not None and not os.path.isabs(os.fsdecode(args[0])):
         src = os.path.abspath(os.path.join(os.path.dirname(dst), os.fsdecode(args[0])))
     return [("stat", src), ("kind", dst)]
+
+
+def _tolerates_existing() -> bool:
+    """Whether the `os.mkdir` being made is `os.makedirs(..., exist_ok=True)`'s or
+    `Path.mkdir(..., exist_ok=True)`'s: its outcome is the same whether the folder existed."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        return False
+    import pathlib
+
+    if frame.f_code not in (os.makedirs.__code__, pathlib.Path.mkdir.__code__):
+        return False
+    return bool(frame.f_locals.get("exist_ok"))
 
 
 def _fact(how: str, path: str) -> str:
@@ -301,6 +320,9 @@ class FileTracker:
         """What removals, renames, links and truncations depended on, found before the cell
         changed it: ("kind" | "stat" | "listing", path) -> key, for paths the cell had not
         opened or changed before (`Pseudo.KIND`, `STAT` and `LISTING` inputs of the cell)."""
+        self.made_dirs: set[str] = set()
+        """Folders the cell made (`os.mkdir`, `os.makedirs`, `Path.mkdir`; in `writes` too):
+        one that is there after the cell is made again by a replay."""
         self.dirs: set[str] = set()
         """Written paths that were directories when the cell removed or renamed them (they
         are in `writes` too): one that is gone after the cell is removed, tree and all, by a replay."""
@@ -313,7 +335,7 @@ class FileTracker:
         ``temporary-directory`` puts them): that follows the cluster, not the notebook."""
         if any(path == root or path.startswith(root + os.sep) for root in self._roots):
             return True
-        return any(f"{os.sep}{part}{os.sep}" in path for part in _CLUSTER_SCRATCH)
+        return any(f"{os.sep}{part}{os.sep}" in path or path.endswith(os.sep + part) for part in _CLUSTER_SCRATCH)
 
     def clear(self) -> None:
         """Forget what was recorded, to reuse the tracker for another cell run."""
@@ -323,6 +345,7 @@ class FileTracker:
             self.read_digests = {}
             self.created = set()
             self.dirs = set()
+            self.made_dirs = set()
             self.found = {}
 
     @contextlib.contextmanager
@@ -349,14 +372,14 @@ class FileTracker:
                     continue  # the cell made it, or its read already keys the content
                 self.found.setdefault((how, path), key)
 
-    def _record(self, path: str, reads: bool, writes: bool, thread: int, *, is_dir: bool = False) -> None:
+    def _record(self, path: str, reads: bool, writes: bool, thread: int, *, is_dir: bool = False, made_dir: bool = False) -> None:
         if not self.all_threads and thread != self._owner:
             return
         if self.excluded(path):
             return
-        if is_dir:
+        if is_dir or made_dir:
             with self._lock:
-                self.dirs.add(path)
+                (self.dirs if is_dir else self.made_dirs).add(path)
         with self._lock:
             first_read = reads and path not in self.reads and path not in self.writes
             first_touch = writes and path not in self.reads and path not in self.writes

@@ -192,6 +192,8 @@ class Keys:
             return key  # a folder is left alone when files are written back
         if found.extra.get("deleted"):
             return ABSENT
+        if found.extra.get("dir"):
+            return "dir"  # a folder a replayed cell made
         if kind is Pseudo.KIND:
             return "file"
         try:

@@ -14,10 +14,11 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from nbrewind.analysis.bound import bound_for_sure
 from nbrewind.analysis.uses import attribute_names, name_uses
 from nbrewind.checkpoint import hidden
 from nbrewind.checkpoint.draws import DrawWatch
@@ -168,7 +169,7 @@ class Recorder:
             outputs=outputs_digest,
             inputs=draft.inputs,
             reads=sorted(plan.reads),
-            writes=sorted(draft.changed),
+            writes=sorted(set(draft.changed) | self._rebound_unchanged(plan, reply)),
             deletes=sorted(result.deleted),
             bytes_written=draft.written,
         )
@@ -216,6 +217,14 @@ class Recorder:
             duration=duration,
             bytes_written=bytes_written,
         )
+
+    def _rebound_unchanged(self, plan: CellPlan, reply: Mapping[str, Any]) -> set[str]:
+        """Names the cell certainly bound that kept their value (no new entry): writes all the
+        same, so a replay binds them whatever an earlier cell left (`analysis.bound`)."""
+        if run_status(reply) != "ok":
+            return set()
+        ns, entries = self._shell.user_ns, self._state.entries
+        return {n for n in bound_for_sure(plan.transformed or plan.code) if n in entries and dict.__contains__(ns, n)}
 
     def _checkpoint_names(self, plan: CellPlan) -> tuple[CheckpointResult, list[Any]]:
         """Re-digest and stage every name the cell could have changed; also the record of
@@ -318,6 +327,10 @@ class Recorder:
         for path in sorted(files.writes):
             relpath = rel(path)
             if os.path.isdir(path):
+                if path in files.made_dirs and not _holds_only_excluded(path, files.excluded):
+                    made = {"what": "file", "path": relpath, "dir": True}
+                    # Keyed as a file input of the path is keyed then: a folder has no content (ABSENT).
+                    changed[pseudo.name(Pseudo.FILE, relpath)] = Entry(ABSENT, HIDDEN, ABSENT, (), made)
                 continue
             if not os.path.lexists(path) and path in files.created:
                 continue  # made and removed by the cell: nothing on disk changed
@@ -397,3 +410,14 @@ class Recorder:
     def _count(self, reply: Mapping[str, Any]) -> int:
         count = reply.get("execution_count")
         return int(count) if isinstance(count, int) else int(self._shell.execution_count) - 1
+
+
+def _holds_only_excluded(folder: str, excluded: Callable[[str], bool]) -> bool:
+    """Whether a folder the cell made holds nothing but what the file tracker leaves out
+    (a Dask cluster's scratch space made where `temporary-directory` says): that folder is
+    the cluster's, not the notebook's."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    return bool(names) and all(excluded(os.path.join(folder, name)) for name in names)

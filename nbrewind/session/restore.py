@@ -180,7 +180,7 @@ class Restorer:
                 # Written when user code runs again (`apply_pending_files`): perhaps no cell
                 # ever reads it. Its objects must be there now, while this cell can still run
                 # instead of replaying.
-                if not entry.extra.get("deleted"):
+                if not entry.extra.get("deleted") and not entry.extra.get("dir"):
                     self._check_blob(entry.digest)
                 self._rng.files[path] = entry
             else:
@@ -199,6 +199,9 @@ class Restorer:
     def _write_file(self, path: Path, entry: Entry) -> None:
         """Make the file at `path` what a `@file:` entry says: its content, or gone (a
         directory the cell removed goes with everything under it, as the cell's removal took it)."""
+        if entry.extra.get("dir") and not entry.extra.get("deleted"):
+            path.mkdir(parents=True, exist_ok=True)  # a folder the cell made
+            return
         if path.is_dir() and not path.is_symlink():
             if entry.extra.get("deleted") and entry.extra.get("dir"):
                 shutil.rmtree(path)

@@ -158,7 +158,14 @@ def test_a_dask_clusters_scratch_space_is_not_the_notebooks(tmp_path: Path) -> N
                 assert client.submit(sum, [1, 2]).result() == 3
         mine.write_text("3")
     assert list((tmp_path / "scratch").rglob("*.lock")), "the cluster wrote no lock file: nothing was tested"
-    assert tracker.writes == {str(mine)}
+    # The cluster made the folder temporary-directory names; holding only its scratch space,
+    # it is the cluster's, and the recorder leaves it out.
+    from nbrewind.session.recorder import _holds_only_excluded
+
+    scratch = str(tmp_path / "scratch")
+    assert tracker.writes == {str(mine), scratch} and tracker.made_dirs == {scratch}
+    assert _holds_only_excluded(scratch, tracker.excluded)
+    assert not _holds_only_excluded(str(tmp_path), tracker.excluded)
     assert not [path for path in tracker.reads if str(tmp_path / "scratch") in path]
 
 
@@ -372,3 +379,17 @@ def test_what_a_removal_or_rename_depended_on_is_found_before_it(tmp_path: Path)
         made.write_text("mine")
         os.remove(made)  # the cell made it: its existence is the cell's doing, not an input
     assert tracker.found == expected
+
+
+def test_made_folders_are_writes_and_only_a_strict_mkdir_depends_on_the_path(tmp_path: Path) -> None:
+    (tmp_path / "there").mkdir()
+    tracker = FileTracker()
+    with tracker.tracking():
+        os.makedirs(tmp_path / "a" / "b", exist_ok=True)
+        (tmp_path / "p").mkdir(exist_ok=True)
+        os.makedirs(tmp_path / "there", exist_ok=True)  # exists: tolerated, nothing made
+        os.mkdir(tmp_path / "strict")
+    made = {str(tmp_path / n) for n in ("a", "a/b", "p", "strict")}
+    assert made <= tracker.made_dirs and made <= tracker.writes
+    # Only the bare os.mkdir fails when the path exists: its outcome depends on it.
+    assert tracker.found == {("kind", str(tmp_path / "strict")): "absent"}

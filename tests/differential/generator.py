@@ -565,8 +565,9 @@ def views(rng: random.Random, s: str) -> Fragment:
 
 
 def removals(rng: random.Random, s: str) -> Fragment:
-    """Files written by one cell and removed, renamed or moved by a later one (no open: only
-    the removal says the file changed), then looked for, listed and read."""
+    """A folder made by one cell, files written into it by the next, removed, renamed or moved
+    by a later one (no open: only the removal says the file changed), then looked for, listed
+    and read."""
     k = rng.randint(2, 5)
     gone = rng.randint(0, k - 1)
     ops = {
@@ -585,15 +586,18 @@ def removals(rng: random.Random, s: str) -> Fragment:
 
     def writer(n: int) -> str:
         return (
-            f"import os\nos.makedirs('keep{s}', exist_ok=True)\nfor i{s} in range({n}):\n"
+            f"for i{s} in range({n}):\n"
             f"    with open(f'keep{s}/f{{i{s}}}.txt', 'w') as fh:\n        fh.write(str(i{s}) * 3)\ndel fh, i{s}"
         )
 
-    cells = [writer(k), ops[op], *readers]
+    makers = [f"import os\nos.makedirs('keep{s}/empty', exist_ok=True)", f"from pathlib import Path\nPath('keep{s}/empty').mkdir(parents=True)"]
+    maker = rng.choice(makers)
+    cells = [maker, writer(k), ops[op], *readers]
     edits = [
-        Edit("removal-count", 0, writer(_other(rng, k, 1, 6))),
-        Edit("removal-op", 1, ops[rng.choice([o for o in sorted(ops) if o != op])]),
-        Edit("removal-reader", 2 + rng.randrange(len(readers)), f"import os\nprint('after:', sorted(p for p in os.listdir('.') if p.endswith(('{s}', '{s}.txt'))))"),
+        Edit("removal-maker", 0, makers[1 - makers.index(maker)]),
+        Edit("removal-count", 1, writer(_other(rng, k, 1, 6))),
+        Edit("removal-op", 2, ops[rng.choice([o for o in sorted(ops) if o != op])]),
+        Edit("removal-reader", 3 + rng.randrange(len(readers)), f"import os\nprint('after:', sorted(p for p in os.listdir('.') if p.endswith(('{s}', '{s}.txt'))))"),
     ]
     return Fragment("removals", cells, edits)
 

@@ -465,6 +465,38 @@ PATTERNS: list[Pattern] = [
         replays=(),
     ),
     pattern(
+        "folder_made_then_written_into",
+        "a cell makes an empty folder; the later cell writing into it is edited: a replay that does not make the "
+        "folder again leaves the edited cell to fail with FileNotFoundError where a fresh run writes the file",
+        [
+            'import os\nos.makedirs("out/plots", exist_ok=True)',
+            'with open("out/plots/a.txt", "w") as fh:\n    fh.write("a")\ndel fh',
+        ],
+        edit={1: 'with open("out/plots/a.txt", "w") as fh:\n    fh.write("b")\ndel fh'},
+    ),
+    pattern(
+        "folder_made_then_checked",
+        "a cell makes an empty folder (os.mkdir); the check after it is edited",
+        ['import os\nos.mkdir("empty")', 'print(os.path.isdir("empty"))'],
+        edit={1: 'print("isdir:", os.path.isdir("empty"))'},
+    ),
+    pattern(
+        "name_bound_again_to_the_same_value",
+        "a cell imports Path, which an earlier cell had imported too (no value changed, so no write was recorded); "
+        "the earlier cell is edited not to import it: the replayed later cell must still bind Path",
+        ["from pathlib import Path\nroot = Path('.')", "x = 1", "from pathlib import Path\ny = 2", "print(Path('a').name, y)"],
+        edit={0: "root = '.'"},
+        replays=(1, 2),
+    ),
+    pattern(
+        "constant_assigned_again",
+        "a later cell assigns k = 3 again; the first assignment is edited to k = 4: the replayed later cell must "
+        "leave k at 3, as a fresh run does",
+        ["k = 3", "k = 3\nz = 0", "print(k)"],
+        edit={0: "k = 4"},
+        replays=(1,),
+    ),
+    pattern(
         "tempfile_read_after_edit",
         "a cell writes a mkstemp file, the last cell reads and removes it, and is edited; replays leave temp files "
         "pending, so a repeat that does not write it back before the edited cell runs fails with FileNotFoundError, "
