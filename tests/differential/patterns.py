@@ -497,6 +497,28 @@ PATTERNS: list[Pattern] = [
         replays=(1,),
     ),
     pattern(
+        "dask_tasks_write_files",
+        "a Dask graph writes files (dask.dataframe.to_csv, one task per partition); the cell is edited so it runs "
+        "again over the same tasks, which the task cache serves: a fresh run writes the files, so must the repeat",
+        [
+            "import dask.dataframe as dd\ndata = {'v': list(range(6))}",
+            "n = len(dd.from_dict(data, npartitions=2).to_csv('parts-*.csv', index=False))",
+            "import os\nprint(sorted(p for p in os.listdir('.') if p.startswith('parts-')))",
+        ],
+        edit={1: "n = len(dd.from_dict(data, npartitions=2).to_csv('parts-*.csv', index=False))\nprint(n)"},
+    ),
+    pattern(
+        "dask_bag_writes_files_in_worker_processes",
+        "dask.bag's default scheduler runs tasks in other processes, where no open is seen; to_textfiles' tasks "
+        "write the files: the edited cell runs again over the same tasks, and the files must be there as after a fresh run",
+        [
+            "import dask.bag as db\nitems = list(range(6))",
+            "n = len(db.from_sequence(items, npartitions=2).map(str).to_textfiles('lines-*.txt'))",
+            "import os\nprint(sorted(p for p in os.listdir('.') if p.startswith('lines-')))",
+        ],
+        edit={1: "n = len(db.from_sequence(items, npartitions=2).map(str).to_textfiles('lines-*.txt'))\nprint(n)"},
+    ),
+    pattern(
         "tempfile_read_after_edit",
         "a cell writes a mkstemp file, the last cell reads and removes it, and is edited; replays leave temp files "
         "pending, so a repeat that does not write it back before the edited cell runs fails with FileNotFoundError, "
