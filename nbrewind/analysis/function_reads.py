@@ -16,8 +16,11 @@ import types
 from collections.abc import Callable, Iterable, Mapping
 
 # Opcodes that look a name up in the module namespace. LOAD_NAME appears in
-# class bodies; LOAD_FROM_DICT_OR_GLOBALS replaces it there from Python 3.12.
-_GLOBAL_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"})
+# class bodies; LOAD_FROM_DICT_OR_GLOBALS replaces it there from Python 3.12. A
+# function that assigns or deletes a global (`global k; k = 3`) depends on its value
+# before the call too: when the assignment does not run, or stores the value the
+# global already had, that value is what the call leaves.
+_GLOBAL_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS", "STORE_GLOBAL", "DELETE_GLOBAL"})
 
 
 def is_notebook_object(obj: object) -> bool:
@@ -56,7 +59,8 @@ def _code_objects(obj: object, depth: int = 0) -> list[types.CodeType]:
 
 
 def global_names_of(func: object) -> frozenset[str]:
-    """Names a function, lambda, method or class (through its methods) reads as globals.
+    """Names a function, lambda, method or class (through its methods) reads as globals
+    (or assigns as globals: see `_GLOBAL_LOADS`).
 
     Nested functions, lambdas and comprehensions are included. Builtins such as
     `len` are reported too, since a notebook may shadow them. Anything without

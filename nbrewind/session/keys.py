@@ -88,6 +88,8 @@ class Keys:
         effects = plan.effects
         assert effects is not None
         plan.inputs = {name: self.key(name) for name in sorted(plan.reads)}
+        may_bind = (effects.writes | effects.deferred_writes) - plan.inputs.keys()
+        plan.prior = {name: self.key(name) for name in sorted(may_bind)}
         if effects.dynamic or plan.reads & DYNAMIC_NAMES:
             # `'x' in globals()`: which names exist is itself an input.
             plan.inputs[pseudo.name(Pseudo.NAMES)] = self.hidden_key(pseudo.name(Pseudo.NAMES))

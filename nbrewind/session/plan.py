@@ -36,6 +36,9 @@ class CellPlan:
     effects: CellEffects | None = None
     reads: set[str] = field(default_factory=set)
     inputs: dict[str, str] = field(default_factory=dict)
+    prior: dict[str, str] = field(default_factory=dict)
+    """Keys, before the cell runs, of the names it may bind that it does not read: where the
+    run leaves one unchanged, its value before is what the cell left (an input after all)."""
     match: CellRun | None = None
     resources: list[str] = field(default_factory=list)
     """Pending unstorable values the matched cell reads (its effect on them is deferred)."""

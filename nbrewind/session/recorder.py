@@ -161,6 +161,11 @@ class Recorder:
         tasks = self._add_tasks(plan, draft, task_cache)
         outputs_digest = self._stage_outputs(outputs, draft.staged)
         count = self._count(reply)
+        rebound = self._rebound_unchanged(plan, reply)
+        for name, key in plan.prior.items():
+            # May have bound it, left it as it was: what it was is what the cell left.
+            if name not in draft.changed and name not in rebound:
+                draft.inputs.setdefault(name, key)
         reason = "audit records every cell" if self._mode == "audit" else plan.reason
         run = self.run_record(
             plan, count, "executed", reason, duration,
@@ -169,7 +174,7 @@ class Recorder:
             outputs=outputs_digest,
             inputs=draft.inputs,
             reads=sorted(plan.reads),
-            writes=sorted(set(draft.changed) | self._rebound_unchanged(plan, reply)),
+            writes=sorted(set(draft.changed) | rebound),
             deletes=sorted(result.deleted),
             bytes_written=draft.written,
         )

@@ -188,3 +188,11 @@ def test_objects_that_make_up_attributes_are_not_taken_for_generators() -> None:
     assert value_reads(ns["lazy"]) == frozenset()
     assert "STEP" in value_reads(ns["g"])
     assert "STEP" in transitive_reads({"g", "lazy"}, ns)
+
+
+def test_globals_a_function_assigns_or_deletes_count_as_read() -> None:
+    """`global k; k = 3` leaves k as it was when the assignment does not run (or stores the
+    value k had): the call depends on k before it."""
+    ns: dict[str, object] = {"__name__": "__main__"}
+    exec("def reset(flag):\n    global k, gone\n    if flag:\n        k = 3\n    del gone", ns)
+    assert {"k", "gone"} <= global_names_of(ns["reset"])

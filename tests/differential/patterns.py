@@ -519,6 +519,20 @@ PATTERNS: list[Pattern] = [
         edit={1: "n = len(db.from_sequence(items, npartitions=2).map(str).to_textfiles('lines-*.txt'))\nprint(n)"},
     ),
     pattern(
+        "constant_assigned_again_in_a_branch",
+        "a later cell assigns k = 3 again inside an if; the first assignment is edited to k = 4: the replayed "
+        "later cell must leave k at 3",
+        ["k = 3", "if True:\n    k = 3\nz = 0", "print(k)"],
+        edit={0: "k = 4"},
+    ),
+    pattern(
+        "global_reset_by_a_function",
+        "a function sets the global k = 3 (as it already was); the first assignment is edited to k = 4: the replayed "
+        "cell calling the function must leave k at 3",
+        ["k = 3", "def reset():\n    global k\n    k = 3", "reset()", "print(k)"],
+        edit={0: "k = 4"},
+    ),
+    pattern(
         "tempfile_read_after_edit",
         "a cell writes a mkstemp file, the last cell reads and removes it, and is edited; replays leave temp files "
         "pending, so a repeat that does not write it back before the edited cell runs fails with FileNotFoundError, "
