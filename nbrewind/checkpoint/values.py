@@ -74,20 +74,13 @@ def load_group(objects: ObjectStore, digest: str) -> dict[str, object]:
     stream = payload[start + size :]
     numpy = sys.modules.get("numpy")  # never imported here: only if the notebook did
     allocate = None if numpy is None else functools.partial(numpy.empty, dtype=numpy.uint8)
-    buffers: list[Any] = []
-    position = 0
+    # A buffer stored in several segments (one per pandas block row) is read straight
+    # into one new buffer, chunk by chunk, each chunk verified as it is read.
+    segments, position = [], 0
     for count in header["segments"]:
-        if count == 1:
-            buffers.append(objects.get_blob(children[position], allocate))
-        else:
-            parts = [objects.get_blob(d) for d in children[position : position + count]]
-            joined = bytearray() if allocate is None else allocate(sum(len(p) for p in parts))
-            view, offset = memoryview(joined).cast("B"), 0
-            for part in parts:
-                view[offset : offset + len(part)] = part
-                offset += len(part)
-            buffers.append(joined)
+        segments.append(children[position : position + count])
         position += count
+    buffers = objects.get_blobs(segments, allocate)
     return unpickle_group(stream, buffers, adopt=allocate is not None)
 
 

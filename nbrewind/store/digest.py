@@ -13,7 +13,7 @@ from typing import Protocol
 
 import xxhash
 
-__all__ = ["DIGEST_LENGTH", "Hasher", "digest_bytes", "is_digest", "new_hasher"]
+__all__ = ["DIGEST_LENGTH", "Hasher", "digest_bytes", "digest_releasing_gil", "is_digest", "new_hasher"]
 
 DIGEST_LENGTH = 32
 
@@ -35,6 +35,19 @@ def digest_bytes(data: bytes | bytearray | memoryview) -> str:
     hashing itself.
     """
     return xxhash.xxh3_128_hexdigest(data)
+
+
+def digest_releasing_gil(data: bytes | bytearray | memoryview) -> str:
+    """:func:`digest_bytes` of ``data``, computed so that other threads run meanwhile.
+
+    xxhash's one-shot functions hold the GIL before xxhash 4.0 (from 4.0 on they
+    release it above 64 KiB), while a hasher's ``update`` releases it for large
+    inputs in every version this package accepts: so chunks read on several
+    threads are hashed in parallel whatever xxhash is installed.
+    """
+    hasher = xxhash.xxh3_128()
+    hasher.update(data)
+    return hasher.hexdigest()
 
 
 def new_hasher() -> Hasher:

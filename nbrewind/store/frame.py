@@ -27,6 +27,7 @@ __all__ = [
     "content_size",
     "decode_header",
     "decompress",
+    "decompress_into",
     "encode",
     "encode_header",
     "plausible_size",
@@ -138,6 +139,28 @@ def decompress(payload: bytes) -> bytes:
     if not plausible_size(declared, len(payload)):
         raise zstandard.ZstdError(f"the frame declares {declared} bytes, more than {len(payload)} bytes can hold")
     return _decompressor().decompress(payload)
+
+
+def decompress_into(payload: bytes | memoryview, target: memoryview) -> bool:
+    """Decode a zstd payload straight into ``target``, which it must fill exactly.
+
+    False when it does not: a damaged frame, or one that declares or holds another
+    size. The caller then reads the object the slow way, which says what is wrong.
+    Nothing here is verified: the caller hashes ``target``.
+    """
+    try:
+        if zstandard.frame_content_size(payload) != len(target):
+            return False
+        with _decompressor().stream_reader(payload) as reader:
+            filled = 0
+            while filled < len(target):
+                got = reader.readinto(target[filled:])
+                if not got:
+                    return False  # the frame ended early
+                filled += got
+            return reader.read(1) == b""
+    except zstandard.ZstdError:
+        return False
 
 
 def _decompressor() -> zstandard.ZstdDecompressor:

@@ -32,9 +32,10 @@ from nbrewind.errors import (
     ReadOnlyStoreError,
 )
 from nbrewind.store import frame
-from nbrewind.store.digest import digest_bytes, is_digest
+from nbrewind.store.digest import digest_bytes, digest_releasing_gil, is_digest
 from nbrewind.store.fsio import TEMP_PREFIX, atomic_write, durability_barrier, is_deferred_mode, note_suspect
 from nbrewind.store.object_refs import RefsMixin
+from nbrewind.store.reads import fill_from_chunk_file, read_chunks, read_threads_from_env
 from nbrewind.store.staging import StagedBlob, StagingMixin, _Held
 from nbrewind.store.trees import (
     BLOB_CHUNK_SIZE,
@@ -86,6 +87,8 @@ class ObjectStore(StagingMixin, RefsMixin):
         # where fork() is unwelcome (an MPI rank, a GPU context).
         self.snapshot_min_bytes = _SNAPSHOT_MIN_BYTES if os.environ.get("NBREWIND_SNAPSHOT", "1") != "0" else sys.maxsize
         """From this many new bytes on, ``protect`` forks a snapshot writer instead of copying."""
+        self.read_threads = read_threads_from_env()
+        """Threads that read the chunks of one ``get_blobs`` call (``NBREWIND_READ_THREADS``)."""
         self.bytes_written = 0
         """Bytes this object wrote to disk (headers included); deduplicated puts add nothing."""
         # Reentrant: a staged blob's finalizer (run by the garbage collector at any
@@ -234,10 +237,7 @@ class ObjectStore(StagingMixin, RefsMixin):
         try:
             handle = open(path, "rb")
         except FileNotFoundError:
-            raise ObjectNotFoundError(
-                f"object {digest} is not in the store at {self.root}; running the notebook again on the "
-                f"audit kernel stores it again"
-            ) from None
+            raise self._not_found(digest) from None
         header = frame.decode_header(handle.read(frame.HEADER_SIZE))
         if header is None:
             handle.close()
@@ -245,6 +245,12 @@ class ObjectStore(StagingMixin, RefsMixin):
                 digest, "missing or unknown header, the file is truncated or foreign", move=move_corrupt
             )
         return os.fstat(handle.fileno()).st_size, header, handle
+
+    def _not_found(self, digest: str) -> ObjectNotFoundError:
+        return ObjectNotFoundError(
+            f"object {digest} is not in the store at {self.root}; running the notebook again on the "
+            f"audit kernel stores it again"
+        )
 
     def _read(self, digest: str, *, move_corrupt: bool = True) -> tuple[bytes, frame.FrameHeader]:
         size, header, handle = self._open(digest, move_corrupt=move_corrupt)
@@ -355,26 +361,55 @@ class ObjectStore(StagingMixin, RefsMixin):
         writable one-byte-per-item buffer, such as a numpy array the caller
         will turn into the restored array itself.
         """
-        children, size = self._blob_layout(digest)
-        out = bytearray(size) if allocate is None else allocate(size)
-        view = memoryview(out).cast("B")
-        for index, child in enumerate(children):
-            start = index * BLOB_CHUNK_SIZE
-            target = view[start : start + BLOB_CHUNK_SIZE]
-            self._read_into(child, target)
-        return out
+        return self.get_blobs([[digest]], allocate)[0]
+
+    def get_blobs(
+        self, groups: Sequence[Sequence[str]], allocate: Callable[[int], Any] | None = None
+    ) -> list[Any]:
+        """For each sequence of blob digests in ``groups``, one new buffer holding
+        those blobs back to back (made as ``get_blob`` makes one).
+
+        Every chunk is put in its place and verified there right after it is read,
+        on up to ``read_threads`` threads (see `nbrewind.store.reads`); a buffer
+        stored as several blobs (the columns of a pandas block) is assembled in
+        place like one, not read blob by blob and joined. A missing or damaged chunk raises what ``get`` would
+        (ObjectNotFoundError, CorruptObjectError: the first in chunk order, after
+        every damaged chunk was moved aside), and a chunk of the wrong size
+        NotATreeError.
+        """
+        buffers: list[Any] = []
+        jobs: list[tuple[str, memoryview]] = []
+        for digests in groups:
+            layouts = [self._blob_layout(digest) for digest in digests]
+            total = sum(size for _, size in layouts)
+            out = bytearray(total) if allocate is None else allocate(total)
+            view = memoryview(out).cast("B")
+            offset = 0
+            for children, size in layouts:
+                for index, child in enumerate(children):
+                    start = offset + index * BLOB_CHUNK_SIZE
+                    jobs.append((child, view[start : min(start + BLOB_CHUNK_SIZE, offset + size)]))
+                offset += size
+            buffers.append(out)
+        try:
+            read_chunks(jobs, self._read_into, self.read_threads)
+        finally:
+            jobs.clear()  # the chunk views go now, not with the last helper's reference
+        return buffers
 
     def _read_into(self, digest: str, target: memoryview) -> None:
-        """Fill ``target`` with the object's bytes, verified; a raw object of the
-        expected size is read straight into ``target`` without an intermediate copy."""
-        stored, header, handle = self._open(digest)
+        """Fill ``target`` with the object's bytes, verified: a sound object is read whole
+        into this thread's read buffer, copied (raw) or decoded (compressed) into
+        ``target``, and ``target`` is hashed while it is still in the CPU cache."""
+        try:
+            handle = open(self.path_of(digest), "rb", buffering=0)
+        except FileNotFoundError:
+            raise self._not_found(digest) from None
         with handle:
-            if header.codec == frame.CODEC_RAW and stored - frame.HEADER_SIZE == len(target):
-                got = handle.readinto(target)  # type: ignore[attr-defined]
-                if got == len(target) and digest_bytes(target) == digest:
-                    return
-        # Compressed, or the fast path failed: full read, which raises (and moves
-        # the file aside) if the object itself is damaged.
+            if fill_from_chunk_file(handle, target) and digest_releasing_gil(target) == digest:
+                return
+        # Damaged, or not the expected size: the full read raises (moving the file aside)
+        # if the object itself is damaged.
         content, _ = self._read(digest)
         if len(content) != len(target):
             raise NotATreeError(

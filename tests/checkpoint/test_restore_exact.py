@@ -146,6 +146,28 @@ def test_object_arrays_and_pandas_still_roundtrip(tmp_path: Path) -> None:
     assert np.shares_memory(rbase, rcol)
 
 
+def test_a_block_stored_in_segments_is_read_into_one_owned_buffer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(7)
+    frame = pd.DataFrame({"x": rng.random(600_000), "y": rng.random(600_000), "k": np.arange(600_000)})
+    seen: list[list[str]] = []
+    get_blobs = ObjectStore.get_blobs
+
+    def one_call(self: ObjectStore, groups: Any, allocate: Any = None) -> list[Any]:
+        seen.extend(list(g) for g in groups)
+        return get_blobs(self, groups, allocate)
+
+    monkeypatch.setattr(ObjectStore, "get_blobs", one_call)
+    # Segments used to be read one by one into bytearrays and then copied together.
+    monkeypatch.setattr(ObjectStore, "get_blob", lambda *a, **k: pytest.fail("a segment was read on its own"))
+    restored, _ = store_and_load(tmp_path, {"frame": frame})
+    loaded = restored["frame"]
+    assert isinstance(loaded, pd.DataFrame)
+    pd.testing.assert_frame_equal(loaded, frame)
+    assert any(len(group) == 2 for group in seen)  # the float block, two columns: one buffer
+    x, y = loaded["x"].to_numpy(), loaded["y"].to_numpy()
+    assert np.shares_memory(x, y) == np.shares_memory(frame["x"].to_numpy(), frame["y"].to_numpy())
+
+
 def test_a_group_with_views_digests_the_same_every_time() -> None:
     def make() -> dict[str, object]:
         a = np.arange(OOB_THRESHOLD, dtype=np.int32)
