@@ -36,6 +36,10 @@ class CellPlan:
     effects: CellEffects | None = None
     reads: set[str] = field(default_factory=set)
     inputs: dict[str, str] = field(default_factory=dict)
+    kept_before: dict[str, tuple[int, int, int] | None] = field(default_factory=dict)
+    """Before the cell ran, the stat signature of each file earlier cells wrote (see
+    `Recorder.start`): one that changes while the cell runs, though it opens nothing, was
+    written through a handle an earlier cell kept open."""
     prior: dict[str, str] = field(default_factory=dict)
     """Keys, before the cell runs, of the names it may bind that it does not read: where the
     run leaves one unchanged, its value before is what the cell left (an input after all)."""

@@ -44,6 +44,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Recorded", "Recorder"]
 
+_KEPT_LIMIT = 10_000
+"""Files written by earlier cells whose signature every executed cell compares (two stats each)."""
+
 _FOUND = {"kind": Pseudo.KIND, "stat": Pseudo.STAT, "listing": Pseudo.LISTING}
 """`FileTracker.found`'s kinds of fact as the pseudo-inputs that key them now."""
 
@@ -95,6 +98,8 @@ class Recorder:
         self._state = state
         self._objects = objects
         self._files = files
+        self._kept: dict[str, None] = {}
+        """Files executed cells of this kernel wrote, in order (at most `_KEPT_LIMIT`)."""
         self._world = world
         self._outside = outside
         self._rng = rng
@@ -118,6 +123,7 @@ class Recorder:
         plan.rng_key_before = {which: self._rng.left.get(which, digest) for which, digest in plan.rng_before.items()}
         plan.env_before = hidden.env_snapshot()
         plan.cwd_before = os.getcwd()
+        plan.kept_before = {path: _signature(path) for path in self._kept}
         if plan.msg_id:
             self._capture.start(plan.msg_id)
         stack = contextlib.ExitStack()
@@ -329,6 +335,11 @@ class Recorder:
             impure.append("reloads a module")
         if impure:
             inputs[outside.IMPURE] = "; ".join(sorted(set([inputs[outside.IMPURE]] if outside.IMPURE in inputs else []) | set(impure)))
+        for path, before in plan.kept_before.items():
+            if path not in files.writes and _signature(path) != before:
+                files.writes.add(path)  # written through a handle an earlier cell opened: no open now
+        if len(self._kept) < _KEPT_LIMIT:
+            self._kept.update(dict.fromkeys(sorted(files.writes)))
         for path in sorted(files.writes):
             relpath = rel(path)
             if os.path.isdir(path):
@@ -426,3 +437,12 @@ def _holds_only_excluded(folder: str, excluded: Callable[[str], bool]) -> bool:
     except OSError:
         return False
     return bool(names) and all(excluded(os.path.join(folder, name)) for name in names)
+
+
+def _signature(path: str) -> tuple[int, int, int] | None:
+    """What tells that a file changed: its size, modification time and inode (None: gone)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (info.st_size, info.st_mtime_ns, info.st_ino)

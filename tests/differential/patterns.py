@@ -533,6 +533,18 @@ PATTERNS: list[Pattern] = [
         edit={0: "k = 4"},
     ),
     pattern(
+        "file_handle_written_in_a_later_cell",
+        "a file opened in one cell is written and flushed through the open handle in a later one (no open then); "
+        "the cell reading the file is edited: the file must hold what the later cell wrote, as after a fresh run",
+        [
+            "log = open('log.txt', 'w')",
+            "log.write('first\\n')\nlog.flush()",
+            "with open('log.txt') as fh:\n    print(fh.read().splitlines())\ndel fh",
+            "log.close()\ndel log",
+        ],
+        edit={2: "with open('log.txt') as fh:\n    print('lines:', fh.read().splitlines())\ndel fh"},
+    ),
+    pattern(
         "tempfile_read_after_edit",
         "a cell writes a mkstemp file, the last cell reads and removes it, and is edited; replays leave temp files "
         "pending, so a repeat that does not write it back before the edited cell runs fails with FileNotFoundError, "
