@@ -602,6 +602,36 @@ def removals(rng: random.Random, s: str) -> Fragment:
     return Fragment("removals", cells, edits)
 
 
+def handles(rng: random.Random, s: str) -> Fragment:
+    """A file object opened in one cell and written through in later ones (no open there),
+    flushed or not, with a reader of the file between and after, and the close at the end."""
+    words = ["red", "green", "blue", "gold"]
+    first, second = rng.sample(words, 2)
+    mode = rng.choice(["w", "a"])
+
+    def write(word: str, flush: bool) -> str:
+        return f"h{s}.write('{word}\\n')" + (f"\nh{s}.flush()" if flush else "")
+
+    reader = f"with open('h{s}.txt') as fh:\n    seen{s} = fh.read().splitlines()\ndel fh\nprint(seen{s})"
+    flush_first = rng.random() < 0.7
+    cells = [
+        f"with open('h{s}.txt', 'w') as fh:\n    fh.write('start\\n')\ndel fh",
+        f"h{s} = open('h{s}.txt', '{mode}')",
+        write(first, flush_first),
+        reader,
+        write(second, True),
+        reader.replace("print(", "print('after', "),
+        f"h{s}.close()\ndel h{s}",
+    ]
+    edits = [
+        Edit("handle-word", 2, write(rng.choice([w for w in words if w != first]), flush_first)),
+        Edit("handle-flush", 2, write(first, not flush_first)),
+        Edit("handle-mode", 1, f"h{s} = open('h{s}.txt', '{'a' if mode == 'w' else 'w'}')"),
+        Edit("handle-reader", 5, reader.replace("print(", "print('later', ")),
+    ]
+    return Fragment("handles", cells, edits)
+
+
 FAMILIES: dict[str, FragmentMaker] = {
     "alias": alias,
     "mutfunc": mutfunc,
@@ -617,6 +647,7 @@ FAMILIES: dict[str, FragmentMaker] = {
     "settings": settings,
     "listing": listing,
     "removals": removals,
+    "handles": handles,
     "views": views,
 }
 
