@@ -9,6 +9,15 @@ extension adds: the plan request on a fresh repeat kernel, and the reply metadat
 reply (in process). Per-cell times
 are the kernel's execute_input -> execute_reply span as nbclient records it, so
 kernel start-up is excluded. Medians over rounds are reported.
+
+`--replay-ratio` measures issue 14's goal instead: a replayed cell against an empty one.
+Each round runs a python3 notebook of 12 `pass` cells (ipykernel's own round trip), a
+python3 notebook whose cells show exactly what the state-heavy notebook's cells showed and
+compute nothing (the round trip of the messages a replay sends), and the unmodified repeat
+of the audited state-heavy notebook, side by side; with `--compare TREE` also the repeat
+kernel of another checkout (PYTHONPATH at TREE, e.g. an old commit's git worktree), the two
+trees alternating (`--against TREE` measures another checkout as "after"). What counts is the
+ratio, on a machine that is loaded.
 """
 
 from __future__ import annotations
@@ -19,6 +28,8 @@ import os
 import pickle
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -194,12 +205,129 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+EMPTY_SOURCE = "pass"
+"""An empty cell: nbclient skips a cell whose source is blank, so it would not reach the kernel."""
+
+
+def _empty_notebook(path: Path, cells: int) -> None:
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(EMPTY_SOURCE) for _ in range(cells)])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(notebook, str(path))
+
+
+def _same_outputs_notebook(executed: Path, path: Path) -> None:
+    """A python3 notebook whose cells show what `executed`'s code cells showed and compute
+    nothing else (streams written, results through the display hook): ipykernel's round
+    trip for the very messages a replay of those cells sends."""
+    nb = nbformat.read(str(executed), as_version=4)
+    sources = []
+    for cell in (c for c in nb.cells if c.cell_type == "code"):
+        lines = []
+        for out in cell.get("outputs", []):
+            if out.output_type == "stream":
+                lines.append(f"print({out.text!r}, end='', file=sys.{out.name})")
+            elif out.output_type == "display_data":
+                lines.append(f"display({dict(out.data)!r}, raw=True)")
+            elif out.output_type == "execute_result":
+                lines.append(f"_Shown({dict(out.data)!r})")
+        sources.append("\n".join(lines) or EMPTY_SOURCE)
+    sources[0] = (
+        "import sys\nfrom IPython.display import display\n"
+        "class _Shown:\n    def __init__(self, data):\n        self.data = data\n"
+        "    def _repr_mimebundle_(self, include=None, exclude=None):\n        return self.data\n" + sources[0]
+    )
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(notebook, str(path))
+
+
+def _tree_env(tree: Path | None) -> dict[str, str] | None:
+    """The kernel environment that imports nbrewind from `tree` (None: this interpreter's own)."""
+    if tree is None:
+        return None
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    found = subprocess.run([sys.executable, "-c", "import nbrewind; print(nbrewind.__file__)"], env=env, cwd=tempfile.gettempdir(),
+                           capture_output=True, text=True, check=True).stdout.strip()
+    if not found.startswith(str(tree)):
+        raise SystemExit(f"PYTHONPATH={tree} imports nbrewind from {found}")
+    return env
+
+
+def replay_ratio(rounds: int, compare: Path | None = None, against: Path | None = None) -> dict[str, Any]:
+    """Replayed cells against empty python3 cells, side by side (see the module's docstring).
+
+    Each repeat kernel (`against`'s, default this interpreter's, and `compare`'s) repeats a
+    store it audited itself. Per round and contender: the median cell of cells 2-12 and the
+    sum of all 12 cells; each round's ratios are taken against that round's python3 cells
+    (empty, and showing the same outputs), and the medians over rounds are reported.
+    """
+    this = against.resolve() if against is not None else None
+    trees: dict[str, Path | None] = {"this tree": this}
+    if compare is not None:
+        trees = {"before": compare.resolve(), "after": this}
+    envs = {name: _tree_env(tree) for name, tree in trees.items()}
+    cells = len(_code_cells(NOTEBOOK))
+    samples: dict[str, list[list[float]]] = {"python3 empty": [], "python3 same outputs": [], **{name: [] for name in trees}}
+    with tempfile.TemporaryDirectory(prefix="nbrewind-ratio-") as tmp:
+        work = Path(tmp)
+        empty, shown = work / "empty.ipynb", work / "same-outputs.ipynb"
+        _empty_notebook(empty, cells)
+        notebooks = {}
+        for name, env in envs.items():
+            folder = work / name.replace(" ", "-")
+            folder.mkdir()
+            notebooks[name] = nb = folder / "state-heavy.ipynb"
+            shutil.copyfile(NOTEBOOK, nb)
+            run_notebook(nb, kernel="audit", env=env, output=folder / "executed.ipynb")
+            run_notebook(nb, kernel="repeat", env=env)  # warm-up, not counted
+        _same_outputs_notebook(folder / "executed.ipynb", shown)
+        run_notebook(empty, kernel="python3")
+        for r in range(rounds):
+            order = list(trees) if r % 2 == 0 else list(reversed(trees))
+            samples["python3 empty"].append(run_notebook(empty, kernel="python3").cell_seconds)
+            samples["python3 same outputs"].append(run_notebook(shown, kernel="python3").cell_seconds)
+            for name in order:
+                samples[name].append(run_notebook(notebooks[name], kernel="repeat", env=envs[name]).cell_seconds)
+    empty_rounds, shown_rounds = samples["python3 empty"], samples["python3 same outputs"]
+    summary: dict[str, Any] = {"rounds": rounds, "cells": cells, "per_round": samples, "contenders": {}}
+    for name, runs in samples.items():
+        typical = [statistics.median(run[1:]) for run in runs]
+        totals = [sum(run) for run in runs]
+        summary["contenders"][name] = {
+            "median_cell_2_12_s": statistics.median(typical),
+            "total_s": statistics.median(totals),
+            "cell_ratio": statistics.median(t / statistics.median(e[1:]) for t, e in zip(typical, empty_rounds)),
+            "cell_ratio_same_outputs": statistics.median(t / statistics.median(o[1:]) for t, o in zip(typical, shown_rounds)),
+            "total_ratio": statistics.median(t / sum(e) for t, e in zip(totals, empty_rounds)),
+            "first_cell_s": statistics.median(run[0] for run in runs),
+        }
+    return summary
+
+
+def print_replay_ratio(summary: dict[str, Any]) -> None:
+    print(f"rounds: {summary['rounds']}, {summary['cells']} cells each; ratios are per round against its empty cells, then medians")
+    print(f"{'':<22} {'cell 2-12 ms':>12} {'x empty':>8} {'x same outputs':>14} {'cell 1 ms':>9} {'12 cells ms':>11} {'x empty':>8}")
+    for name, c in summary["contenders"].items():
+        print(f"{name:<22} {c['median_cell_2_12_s'] * 1e3:>12.2f} {c['cell_ratio']:>8.2f} {c['cell_ratio_same_outputs']:>14.2f} "
+              f"{c['first_cell_s'] * 1e3:>9.2f} {c['total_s'] * 1e3:>11.2f} {c['total_ratio']:>8.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
+    parser.add_argument("--replay-ratio", action="store_true", help="replayed cells against empty python3 cells only")
+    parser.add_argument("--compare", type=Path, metavar="TREE", help="with --replay-ratio: also the repeat kernel of this checkout")
+    parser.add_argument("--against", type=Path, metavar="TREE",
+                        help="with --replay-ratio: the checkout measured as 'after' (default: the one this interpreter imports)")
     args = parser.parse_args()
+    if args.replay_ratio:
+        ratio = replay_ratio(args.runs, args.compare, args.against)
+        print_replay_ratio(ratio)
+        if args.json:
+            args.json.write_text(json.dumps(ratio, indent=1))
+        return
     with tempfile.TemporaryDirectory(prefix="nbrewind-warmup-") as tmp:
         # Warm the page cache and the imports once so the first measured kernel is not penalized.
         shutil.copyfile(NOTEBOOK, Path(tmp) / "warm.ipynb")

@@ -8,7 +8,7 @@ IPython.
 """
 
 from nbrewind.analysis.aliases import reachable_ids
-from nbrewind.analysis.effects import CallSite, CellEffects, analyze_cell
+from nbrewind.analysis.effects import CallSite, CellEffects, analyze_cell, parse_source
 from nbrewind.analysis.scopes import DYNAMIC_NAMES
 from nbrewind.analysis.function_reads import RecordedReads, global_names_of, is_notebook_object, transitive_reads, value_reads
 
@@ -20,6 +20,7 @@ __all__ = [
     "analyze_cell",
     "global_names_of",
     "is_notebook_object",
+    "parse_source",
     "reachable_ids",
     "transitive_reads",
     "value_reads",

@@ -15,13 +15,22 @@ The input is Python after IPython's transformation, so magics appear as
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Collection
 from dataclasses import dataclass
 
 from nbrewind.analysis.callsites import CallSite
 from nbrewind.analysis.cellwalk import CellWalker
 
-__all__ = ["CallSite", "CellEffects", "analyze_cell"]
+__all__ = ["CallSite", "CellEffects", "analyze_cell", "parse_source"]
+
+
+@functools.lru_cache(maxsize=8)
+def parse_source(source: str) -> ast.Module:
+    """`ast.parse(source)`, shared: a cell is parsed once for its effects and once more for
+    its code digest, back to back, and the second parse is this cache's. The tree is
+    shared by every caller, so none may change it. Errors are raised, not cached."""
+    return ast.parse(source)
 
 
 @dataclass(frozen=True)
@@ -65,17 +74,42 @@ def analyze_cell(
     written in the cell, and if it does not parse the cell is dynamic.
     A cell that does not parse gets `syntax_error=True` and empty effects; it
     will raise when run and change nothing.
+
+    The answer depends on nothing but the arguments, so it is kept for the process's
+    life (the last `_ANALYSED` sources): a cell run again, or run after a frontend asked
+    what it would do, is not analysed twice. `CellEffects` is immutable.
     """
     try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return _analyze(source, frozenset(allowed_magics), frozenset(code_magics))
+    except _NotKept as answer:
+        return answer.effects
+
+
+_ANALYSED = 1024
+
+
+class _NotKept(Exception):
+    """An answer forced by the moment (memory, stack depth), not by the source: not cached."""
+
+    def __init__(self, effects: CellEffects) -> None:
+        super().__init__()
+        self.effects = effects
+
+
+@functools.lru_cache(maxsize=_ANALYSED)
+def _analyze(source: str, allowed_magics: frozenset[str], code_magics: frozenset[str]) -> CellEffects:
+    try:
+        tree = parse_source(source)
+    except (SyntaxError, ValueError):
         return CellEffects(syntax_error=True)
+    except (MemoryError, RecursionError):
+        raise _NotKept(CellEffects(syntax_error=True)) from None
     walker = CellWalker(allowed_magics, code_magics)
     try:
         walker.block(tree.body)
     except RecursionError:
         # Pathologically nested code: claim everything rather than fail.
-        return CellEffects(dynamic=True)
+        raise _NotKept(CellEffects(dynamic=True)) from None
     return CellEffects(
         reads=frozenset(walker.reads),
         writes=frozenset(walker.writes),

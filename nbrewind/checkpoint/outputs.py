@@ -89,12 +89,20 @@ class OutputCapture:
         original: Callable[..., Any] = session.send
         had_instance_attr = "send" in vars(session)
         signature = inspect.signature(original)
+        at = _positional_index(signature, "buffers")
 
         def send(*args: Any, **kwargs: Any) -> Any:
             msg = original(*args, **kwargs)
+            if not self._active:
+                return msg  # nothing to record (a replay, a status message between cells): no cost
             try:
-                bound = signature.bind_partial(*args, **kwargs)
-                self.observe(msg, bound.arguments.get("buffers"))
+                if "buffers" in kwargs:
+                    buffers = kwargs["buffers"]
+                elif at is not None:
+                    buffers = args[at] if len(args) > at else None
+                else:
+                    buffers = signature.bind_partial(*args, **kwargs).arguments.get("buffers")
+                self.observe(msg, buffers)
             except Exception:  # recording must never break the kernel's messaging
                 with self._lock:
                     self.failures += 1
@@ -109,6 +117,17 @@ class OutputCapture:
                 session.send = original
             else:
                 del session.send
+
+
+def _positional_index(signature: inspect.Signature, name: str) -> int | None:
+    """Where parameter `name` sits among the positional arguments of a call (None when it
+    cannot be passed positionally, or a ``*args`` before it makes that unknowable)."""
+    for i, param in enumerate(signature.parameters.values()):
+        if param.kind is param.VAR_POSITIONAL:
+            return None
+        if param.name == name:
+            return i if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD) else None
+    return None
 
 
 def _plain(value: dict[str, Any]) -> dict[str, Any]:

@@ -4,10 +4,12 @@ code is normalized before it is digested. (What a call may mutate is `purity`'s 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Mapping
 from typing import Any
 
+from nbrewind.analysis import parse_source
 from nbrewind.store.digest import digest_bytes
 
 IPYTHON_NAMES = frozenset(
@@ -69,10 +71,12 @@ def is_user_name(name: str, value: Any, hidden: Mapping[str, Any]) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=1024)
 def code_digest(transformed: str) -> str:
-    """Digest of the cell's code with comments, blank lines and layout removed."""
+    """Digest of the cell's code with comments, blank lines and layout removed (kept for
+    the process's life: a pure function of the text, asked again whenever a cell is)."""
     try:
-        normal = ast.dump(ast.parse(transformed), annotate_fields=True, include_attributes=False)
+        normal = ast.dump(parse_source(transformed), annotate_fields=True, include_attributes=False)
     except (SyntaxError, ValueError):
         normal = "\0raw\0" + transformed
     return digest_bytes(normal.encode())

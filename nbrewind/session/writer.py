@@ -11,10 +11,21 @@ The writer also estimates how long its backlog will take, from the write rate
 it measures, so the kernel can keep that backlog short: Jupyter clients kill a
 kernel a few seconds after asking it to shut down, and whatever is still queued
 then is lost (see `wait_for_backlog` and docs/reliability.md).
+
+A *lazy* job (``submit(..., lazy=True)``) is one that may wait: the writer starts it
+only once it has been idle for `lazy_idle` seconds (no submit and no `touch`), once a
+job that is not lazy is queued behind it, once `flush` or `close` asks, or at the latest
+`lazy_max` seconds after it was queued (``NBREWIND_REPLAY_BATCH_SECONDS`` sets the idle
+time; 0 starts lazy jobs at once). The committer queues a replay's record this
+way and adds the records of the replays that follow to the same job, so a run of
+replays costs one catalog transaction, written while the kernel is idle rather than
+in the middle of the next replays (where it competed for the GIL, the catalog's lock
+and the second core).
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -35,6 +46,18 @@ _SMALL_FILES_PER_JOB = 3
 _SMALL_JOB = 1 << 20  # bytes: little enough for a job to measure the fixed cost
 _MANY_ROWS = 1000  # rows: enough for a job to measure the cost of a row
 
+#: Seconds without a submit (or `touch`) after which a lazy job starts (NBREWIND_REPLAY_BATCH_SECONDS).
+LAZY_IDLE = 0.1
+#: Seconds a lazy job waits at most, however busy the kernel is (at least ten idle times).
+LAZY_MAX = 1.0
+
+
+def _lazy_idle() -> float:
+    try:
+        return max(0.0, float(os.environ.get("NBREWIND_REPLAY_BATCH_SECONDS", LAZY_IDLE)))
+    except ValueError:
+        return LAZY_IDLE
+
 
 def _blend(old: float, sample: float) -> float:
     """A moving estimate that follows the machine (and its load) within a few jobs."""
@@ -46,7 +69,7 @@ class BackgroundWriter:
 
     def __init__(self, max_pending_bytes: int = 1 << 30) -> None:
         self.max_pending_bytes = max_pending_bytes
-        self._queue: queue.Queue[tuple[Job, int, int] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[Job, int, int, float | None] | None] = queue.Queue()
         self._lock = threading.Condition()
         self._pending_jobs = 0
         self._pending_bytes = 0
@@ -59,6 +82,14 @@ class BackgroundWriter:
         self.job_seconds = DEFAULT_JOB_SECONDS
         self.row_seconds = DEFAULT_ROW_SECONDS
         self._calibrating = False
+        self._eager_queued = 0  # jobs queued that are not lazy: a lazy job ahead of them starts at once
+        self._eager_pending = 0  # jobs not lazy, queued or running
+        self._hurry = 0  # callers of flush waiting: a lazy job starts at once
+        self._last_submit = 0.0  # perf_counter of the last submit or touch: a lazy job waits for idleness
+        self.lazy_idle = _lazy_idle()
+        """Seconds of idleness (no submit, no `touch`) a lazy job waits for."""
+        self.lazy_max = max(LAZY_MAX, 10 * self.lazy_idle)
+        """Seconds a lazy job waits at most after it was queued."""
         self.failures: list[str] = []
         self._thread: threading.Thread | None = None
 
@@ -67,17 +98,33 @@ class BackgroundWriter:
             self._thread = threading.Thread(target=self._run, name="nbrewind-writer", daemon=True)
             self._thread.start()
 
-    def submit(self, job: Job, nbytes: int = 0, rows: int = 0) -> None:
+    def submit(self, job: Job, nbytes: int = 0, rows: int = 0, *, lazy: bool = False) -> None:
         """Queue `job`, which will write `nbytes` (held by staging until it does) and
-        `rows` task-log rows; waits first while more than the cap is already in flight."""
+        `rows` task-log rows; waits first while more than the cap is already in flight.
+
+        A `lazy` job may wait until the writer is idle (see the module's docstring); jobs
+        still run in submission order."""
         with self._lock:
             while self._pending_bytes and self._pending_bytes + nbytes > self.max_pending_bytes:
                 self._lock.wait()
             self._pending_jobs += 1
             self._pending_bytes += nbytes
             self._pending_rows += rows
+            now = time.perf_counter()
+            self._last_submit = now
+            if not lazy:
+                self._eager_queued += 1
+                self._eager_pending += 1
+                self._lock.notify_all()  # a lazy job waiting ahead of this one starts now
             self._ensure_thread()  # under the lock: submitters racing must start one thread
-        self._queue.put((job, nbytes, rows))
+            # Put under the lock: the writer counts an eager job queued only once it is in the queue.
+            self._queue.put((job, nbytes, rows, now if lazy else None))
+
+    def touch(self) -> None:
+        """Note activity that a queued lazy job should wait out (the committer added a
+        record to it): it starts `lazy_idle` seconds from now at the earliest."""
+        with self._lock:
+            self._last_submit = time.perf_counter()
 
     def advance(self, nbytes: int) -> None:
         """Called by the running job as its bytes reach the disk, so the backlog (and
@@ -94,8 +141,13 @@ class BackgroundWriter:
             item = self._queue.get()
             if item is None:
                 return
-            job, nbytes, rows = item
+            job, nbytes, rows, lazy_since = item
             del item
+            if lazy_since is None:
+                with self._lock:
+                    self._eager_queued -= 1
+            else:
+                self._wait_to_start_lazy(lazy_since)
             started = time.perf_counter()
             with self._lock:
                 self._running_bytes, self._advanced, self._running_since = nbytes, 0, started
@@ -111,13 +163,25 @@ class BackgroundWriter:
                 del job
                 seconds = time.perf_counter() - started
                 with self._lock:
-                    if not failed:
+                    if not failed and lazy_since is None:  # a batch of many records is not a job's cost
                         self._learn(nbytes, rows, seconds)
                     self._pending_jobs -= 1
+                    if lazy_since is None:
+                        self._eager_pending -= 1
                     self._pending_bytes -= nbytes - self._advanced
                     self._pending_rows -= rows
                     self._running_bytes = self._advanced = 0
                     self._lock.notify_all()
+
+    def _wait_to_start_lazy(self, since: float) -> None:
+        """Hold a lazy job (queued at `since`) until the writer has been idle `lazy_idle`
+        seconds, an eager job is queued behind it, a flush asks, or `lazy_max` has passed."""
+        with self._lock:
+            while not self._eager_queued and not self._hurry:
+                wait = min(self._last_submit + self.lazy_idle, since + self.lazy_max) - time.perf_counter()
+                if wait <= 0:
+                    return
+                self._lock.wait(wait)
 
     def calibrate(self, probe: Callable[[], float]) -> None:
         """Queue a measurement of the disk (`probe()` returns bytes per second) ahead of the
@@ -196,11 +260,26 @@ class BackgroundWriter:
         with self._lock:
             return self._pending_jobs, self._pending_bytes
 
-    def flush(self) -> None:
-        """Wait until every submitted job has finished."""
+    def flush(self, *, lazy: bool = True) -> None:
+        """Wait until every submitted job has finished (a lazy job starts at once).
+
+        With ``lazy=False``, wait only for the jobs that are not lazy (and so for the
+        lazy jobs queued before them): what a reader of objects this kernel staged needs.
+        A lazy job waiting with nothing behind it (a replay batch, which writes catalog rows
+        and no object) is left to wait for idleness.
+        """
         with self._lock:
-            while self._pending_jobs:
-                self._lock.wait()
+            if not (self._pending_jobs if lazy else self._eager_pending):
+                return
+            if lazy:
+                self._hurry += 1
+                self._lock.notify_all()
+            try:
+                while self._pending_jobs if lazy else self._eager_pending:
+                    self._lock.wait()
+            finally:
+                if lazy:
+                    self._hurry -= 1
 
     def close(self) -> None:
         """Finish all jobs and stop the thread."""

@@ -89,14 +89,15 @@ class CatalogTablesMixin:
         return list(self.iter_cell_runs(code_digest))
 
     def iter_cell_runs(self, code_digest: str) -> Iterator[CellRun]:
-        """`find_cell_runs`, decoded one row at a time: a repeat usually replays the newest
-        run, and a notebook repeated many times has many runs of each cell."""
-        rows = self._query(
-            f"{_CELL_RUN_SELECT} WHERE id IN (SELECT id FROM cell_runs WHERE code_digest = ?) ORDER BY id DESC",
-            (code_digest,),
-        )
-        for row in rows:
-            run = _cell_run(row)
+        """`find_cell_runs`, read and decoded one row at a time: a repeat usually replays the
+        newest run, and a notebook repeated many times has many runs of each cell (every
+        repeat records its replays), so only their ids are read at once (from the index)."""
+        ids = self._query("SELECT id FROM cell_runs WHERE code_digest = ? ORDER BY id DESC", (code_digest,))
+        for (run_id,) in ids:
+            rows = self._query(f"{_CELL_RUN_SELECT} WHERE id = ?", (run_id,))
+            if not rows:
+                continue  # deleted since (retention in another process)
+            run = _cell_run(rows[0])
             if run.code_digest == code_digest:
                 yield run
 

@@ -194,6 +194,23 @@ def test_a_capture_sees_nothing_before_start_or_after_stop(session: Session, wir
     assert capture.stop("never-started") == []
 
 
+def test_buffers_are_recorded_whether_passed_by_keyword_or_by_position(session: Session, wire: Wire) -> None:
+    """The wrapper finds `buffers` without binding the call's signature (every message the
+    kernel sends passes through it): by keyword, by position, or not at all."""
+    capture = OutputCapture()
+    parent = request(session)
+    content = {"data": {"application/x-binary": "see buffers"}, "metadata": {}}
+    capture.start(msg_id_of(parent))
+    with capture.observing(session):
+        wire.send("display_data", content, parent, buffers=[b"kw"])
+        # Session.send(stream, msg_or_type, content, parent, ident, buffers): buffers sixth.
+        session.send(wire.out, "display_data", content, parent, None, [b"pos"])
+        wire.send("display_data", content, parent)
+    captured = capture.stop(msg_id_of(parent))
+    assert [m.buffers for m in captured] == [[b"kw"], [b"pos"], []]
+    assert [wire.receive()["buffers"] for _ in range(3)] == [[b"kw"], [b"pos"], []]
+
+
 def test_concurrent_requests_are_captured_apart(session: Session) -> None:
     """Two requests sending from two threads at once (ipykernel 7 can) each get only their own
     outputs, in their own order."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -484,4 +485,100 @@ def test_a_probe_that_fails_leaves_the_default_rate_and_reports_nothing() -> Non
         assert writer.write_rate == 200e6
         assert writer.wait_for_backlog(0.0) >= 0.0  # nothing pending, not calibrating: returns
     finally:
+        writer.close()
+
+
+# -- lazy jobs (a replay's record waits for the replays after it) --------------------------
+
+
+def _held_writer(idle: float = 600.0, most: float = 600.0) -> BackgroundWriter:
+    writer = BackgroundWriter()
+    writer.lazy_idle, writer.lazy_max = idle, most
+    return writer
+
+
+def test_a_lazy_job_waits_while_the_writer_is_busy_and_a_flush_starts_it() -> None:
+    writer = _held_writer()
+    ran = threading.Event()
+    try:
+        writer.submit(ran.set, lazy=True)
+        assert not ran.wait(EARLY), "a lazy job started before the writer was idle"
+        assert writer.pending() == (1, 0)
+        flusher = in_thread(writer.flush)
+        flusher.join(TIMEOUT)
+        assert not flusher.is_alive() and ran.is_set()
+        assert writer.pending() == (0, 0)
+    finally:
+        writer.close()
+
+
+def test_a_lazy_job_starts_at_once_when_a_job_that_is_not_lazy_is_queued_behind_it() -> None:
+    writer = _held_writer()
+    done: list[str] = []
+    eager_done = threading.Event()
+    try:
+        writer.submit(functools.partial(done.append, "lazy"), lazy=True)
+        assert not eager_done.wait(EARLY)
+        writer.submit(lambda: (done.append("eager"), eager_done.set()))
+        assert eager_done.wait(TIMEOUT)
+        assert done == ["lazy", "eager"]  # still in submission order
+    finally:
+        writer.close()
+
+
+def test_a_lazy_job_starts_once_the_writer_has_been_idle_and_touch_postpones_it() -> None:
+    writer = _held_writer(idle=0.3)
+    ran = threading.Event()
+    try:
+        writer.submit(ran.set, lazy=True)
+        for _ in range(5):  # activity every 0.1 s keeps it waiting...
+            time.sleep(0.1)
+            writer.touch()
+            assert not ran.is_set()
+        assert ran.wait(TIMEOUT)  # ...and once it stops, the job starts by itself
+    finally:
+        writer.close()
+
+
+def test_a_lazy_job_waits_no_longer_than_its_bound_however_busy_the_kernel_is() -> None:
+    writer = _held_writer(idle=600.0, most=0.3)
+    ran = threading.Event()
+    try:
+        writer.submit(ran.set, lazy=True)
+        started = time.monotonic()
+        while not ran.is_set() and time.monotonic() - started < TIMEOUT:
+            writer.touch()
+            time.sleep(0.02)
+        assert ran.is_set()
+    finally:
+        writer.close()
+
+
+def test_close_runs_a_waiting_lazy_job() -> None:
+    writer = _held_writer()
+    ran = threading.Event()
+    writer.submit(ran.set, lazy=True)
+    closer = in_thread(writer.close)
+    closer.join(TIMEOUT)
+    assert not closer.is_alive() and ran.is_set()
+
+
+def test_a_flush_for_written_objects_waits_for_jobs_that_are_not_lazy_only() -> None:
+    writer = _held_writer()
+    release = threading.Event()
+    done: list[str] = []
+    try:
+        writer.submit(functools.partial(done.append, "batch"), lazy=True)
+        flusher = in_thread(functools.partial(writer.flush, lazy=False))
+        flusher.join(TIMEOUT)
+        assert not flusher.is_alive() and done == []  # a batch alone: nothing to wait for
+        writer.submit(lambda: (release.wait(TIMEOUT), done.append("objects")))
+        flusher = in_thread(functools.partial(writer.flush, lazy=False))
+        flusher.join(EARLY)
+        assert flusher.is_alive(), "returned before the objects were written"
+        release.set()
+        flusher.join(TIMEOUT)
+        assert not flusher.is_alive() and done == ["batch", "objects"]
+    finally:
+        release.set()
         writer.close()
