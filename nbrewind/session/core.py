@@ -139,7 +139,7 @@ class Session:
             self.unrecordable.clear()  # cleared, not replaced: the Restorer appends to this list
             self._outcome = (msg_id, outcome.not_recorded("the cell ran as on a plain kernel"))
         if silent:
-            return self._unrecorded()
+            return CellPlan(record=False)  # a frontend's own request: replays' pending state waits for the next cell
         if not store_history:
             self._outcome = (msg_id, outcome.not_recorded("store_history is off for this request"))
             return self._unrecorded()
@@ -167,8 +167,10 @@ class Session:
         return plan
 
     def _unrecorded(self) -> CellPlan:
-        """A request that runs unrecorded (silent, without history, recording off) still runs
-        after the RNG states, settings and temp files replayed cells left: put them in place."""
+        """A cell that runs unrecorded (without history, or with recording off) still runs
+        after the RNG states, settings and temp files replayed cells left: put them in place.
+        (A silent request is a frontend's own, not the notebook's: it runs as it is, and
+        `jupyter nbrewind run`'s last one does not import numpy to apply a setting.)"""
         parts = self._handle.opened()
         if parts is not None:
             try:

@@ -205,13 +205,15 @@ class Rebuilder:
         recorded content (older runs are tried when a newer one cannot)."""
         members = entry.group or (name,)
         problem: Exception = LookupError(f"no recorded cell run wrote {name!r} as it is stored")
-        for code, parent_entries, failed in self._producers(name, entry):
+        for code, parent_entries, _failed in self._producers(name, entry):
             try:
                 code = _transform(self._shell, code)
             except Exception:
                 pass
             try:
-                scratch = self._rerun(code, parent_entries, f"<nbrewind re-run to make {name} again>", depth + 1, failed)
+                # May raise where it did not then (a folder it made is there now): what it bound
+                # before counts, as for a run that failed, and is accepted only as recorded.
+                scratch = self._rerun(code, parent_entries, f"<nbrewind re-run to make {name} again>", depth + 1, True)
             except RecursionError:
                 raise
             except Exception as exc:

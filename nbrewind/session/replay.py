@@ -84,6 +84,7 @@ class Replayer:
                 children, _ = objects.get_tree(entry.digest)
                 for child in children:
                     objects.verify(child)
+        self._restorer.check_files(entries, run.writes or ())
         # State first, outputs second: if binding fails, nothing was shown and the cell
         # simply runs (recomputing the names it writes).
         self._restorer.apply(entries, run.writes or [], run.deletes or [])

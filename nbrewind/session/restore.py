@@ -214,6 +214,24 @@ class Restorer:
             tmp.write_bytes(self._state.objects.get_blob(entry.digest))
             os.replace(tmp, path)
 
+    def check_files(self, entries: Mapping[str, Entry], writes: Iterable[str]) -> None:
+        """Read and verify, before anything is applied, the stored content of every file a
+        replay of these writes will put back (one whose content on disk differs, or one left
+        pending in the temp folder): a damaged one raises here, while the cell can still run
+        instead on the state it found, not after the replay removed or moved half of its files."""
+        objects = self._state.objects
+        for name in writes:
+            entry = entries.get(name)
+            if entry is None or entry.kind != HIDDEN or entry.extra.get("what") != "file":
+                continue
+            if entry.extra.get("deleted") or entry.extra.get("dir"):
+                continue
+            if hidden.file_digest(self._paths.abs(entry.extra["path"])) == entry.key:
+                continue  # already there: nothing to write
+            children, _ = objects.get_tree(entry.digest)
+            for child in children:
+                objects.verify(child)
+
     def _check_blob(self, digest: str) -> None:
         """Raise LookupError unless the stored blob `digest` and its chunks are there and
         look sound (a chunk's header and length; small ones are re-hashed), without reading it."""
@@ -233,7 +251,7 @@ class Restorer:
         entry: Entry = token
         ns = self._shell.user_ns
         assert isinstance(ns, LazyNamespace)
-        self._writer.flush()  # the value may have been staged by this kernel moments ago
+        self._writer.flush(lazy=False)  # the value may have been staged by this kernel moments ago (a replay batch writes none)
         try:
             if entry.kind == UNSERIALIZABLE:
                 values = self._rebuilder.rebuild(name, entry)

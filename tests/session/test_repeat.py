@@ -387,10 +387,10 @@ def test_keying_a_cell_that_calls_a_stored_function_does_not_load_it(runner: Run
     assert decisions(out) == ["E", "R", "R", "E"] and runner.ns["y"] == 9
 
 
-@pytest.mark.parametrize("how", ["silent", "no-history", "recording-off"])
+@pytest.mark.parametrize("how", ["no-history", "recording-off"])
 def test_an_unrecorded_request_runs_after_the_state_replayed_cells_left(runner: Runner, how: str) -> None:
-    """A silent request, one without history, or one while recording is off is not recorded,
-    but it runs as in a fresh run: after the global RNG state the replayed cells left."""
+    """A cell without history, or one while recording is off, is not recorded, but it runs
+    as in a fresh run: after the global RNG state the replayed cells left."""
     cells = ["import random\nrandom.seed(7)", "x = random.random()"]
     runner.run(cells)
     fresh_next = random.Random(7)
@@ -404,7 +404,7 @@ def test_an_unrecorded_request_runs_after_the_state_replayed_cells_left(runner: 
     code = "y = random.random()"
     if how == "recording-off":
         session.enabled = False
-    plan = session.begin(code, silent=how == "silent", store_history=how != "no-history", msg_id="m")
+    plan = session.begin(code, store_history=how != "no-history", msg_id="m")
     assert not plan.record
-    session.shell.run_cell(code, store_history=how != "no-history", silent=how == "silent")
+    session.shell.run_cell(code, store_history=how != "no-history")
     assert runner.ns["y"] == expected
