@@ -251,7 +251,7 @@ class Restorer:
         entry: Entry = token
         ns = self._shell.user_ns
         assert isinstance(ns, LazyNamespace)
-        self._writer.flush(lazy=False)  # the value may have been staged by this kernel moments ago (a replay batch writes none)
+        self._writer.flush()  # the value may have been staged by this kernel moments ago, and the replays before
         try:
             if entry.kind == UNSERIALIZABLE:
                 values = self._rebuilder.rebuild(name, entry)
