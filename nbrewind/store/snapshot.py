@@ -184,6 +184,10 @@ def fork_writer(work: Callable[[Report], None], nbytes: int) -> Snapshot | None:
             return None
     read_fd, write_fd = os.pipe()
     parent = os.getpid()
+    # Held back from fork until the child ignores them: an interrupt of the process group
+    # arriving in between would otherwise kill the child before its first line.
+    held = {signal.SIGINT, signal.SIGTERM}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
         with warnings.catch_warnings():
             # Python 3.12+ warns about fork() in a threaded process: the child below
@@ -191,9 +195,12 @@ def fork_writer(work: Callable[[Report], None], nbytes: int) -> Snapshot | None:
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
     except OSError:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.close(read_fd)
         os.close(write_fd)
         return None
+    if pid != 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     if pid == 0:
         _child(work, read_fd, write_fd, parent)  # never returns
     os.close(write_fd)
@@ -215,6 +222,7 @@ def _child(work: Callable[[Report], None], read_fd: int, write_fd: int, parent: 
         os.close(read_fd)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})  # held since fork
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the parent died before the line above took effect
             os._exit(1)
