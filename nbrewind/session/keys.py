@@ -11,7 +11,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from nbrewind.analysis import DYNAMIC_NAMES, CellEffects, RecordedReads, analyze_cell, transitive_reads
-from nbrewind.checkpoint import hidden
+from nbrewind.checkpoint import hidden, randomness
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.serialize import Unserializable, digest_value
 from nbrewind.session import outside, policy, pseudo
@@ -145,7 +145,7 @@ class Keys:
             if pending is not None:
                 return pending.key
             left = self._rng.left.get(arg)
-            return left if left is not None else hidden.rng_states().get(arg, ABSENT)
+            return left if left is not None else randomness.rng_states().get(arg, ABSENT)
         if kind is Pseudo.FILE:
             path = self._paths.abs(arg)
             pending_file = self._rng.files.get(path)

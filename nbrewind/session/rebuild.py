@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nbrewind.checkpoint import hidden
+from nbrewind.checkpoint import randomness
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.serialize import Unserializable, digest_value
 from nbrewind.checkpoint.values import StagedGroup, load_group, load_json, stage_group
@@ -318,13 +318,13 @@ class Rebuilder:
         # environment variables, working directory and library settings (warning filters,
         # pandas options) the notebook had set by then.
         objects = self._state.objects
-        saved = hidden.capture_rng()
+        saved = randomness.capture_rng()
         saved_env = {var: os.environ.get(var) for var in env}
         saved_cwd = os.getcwd()
         then = {name: snapshot for name, snapshot in self._initial_settings.items() if name not in settings}
         saved_settings = settings_registry.capture_settings([*settings, *then])
         try:
-            hidden.restore_rng({which: load_group(objects, d)["state"] for which, d in rng_states.items()})
+            randomness.restore_rng({which: load_group(objects, d)["state"] for which, d in rng_states.items()})
             then.update({name: load_group(objects, d)["snapshot"] for name, d in settings.items()})
             settings_registry.apply_settings(then)
             _set_env(env)
@@ -335,7 +335,7 @@ class Rebuilder:
             os.chdir(saved_cwd)
             _set_env(saved_env)
             settings_registry.apply_settings(saved_settings)
-            hidden.restore_rng(saved)
+            randomness.restore_rng(saved)
 
     def _rerun_in_kernel(self, code: str, entries: Mapping[str, Any], label: str, failed: bool, want: Mapping[str, str]) -> dict[str, Any]:
         """Run `code` in the kernel's own namespace, made for the duration what `entries`

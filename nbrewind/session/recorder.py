@@ -14,20 +14,20 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nbrewind.analysis.bound import bound_for_sure
 from nbrewind.analysis.uses import attribute_names, name_uses
-from nbrewind.checkpoint import hidden
+from nbrewind.checkpoint import hidden, randomness
 from nbrewind.checkpoint.draws import DrawWatch
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.outputs import encode_outputs
 from nbrewind.checkpoint.serialize import Unserializable
 from nbrewind.checkpoint.values import stage_group, stage_json
-from nbrewind.identity.files import read_file
 from nbrewind.session import outside, pseudo, purity
+from nbrewind.session.filerecord import Draft, WrittenFiles
 from nbrewind.session.keys import user_names
 from nbrewind.session.plan import CellPlan, LastCell, Paths, RngLedger, env_key, reply_record, run_status
 from nbrewind.session.pseudo import ABSENT, Pseudo
@@ -44,13 +44,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Recorded", "Recorder"]
 
-_KEPT_LIMIT = 10_000
-"""Files written by earlier cells whose signature every executed cell compares (two stats each)."""
-
-_FOUND = {"kind": Pseudo.KIND, "stat": Pseudo.STAT, "listing": Pseudo.LISTING}
-"""`FileTracker.found`'s kinds of fact as the pseudo-inputs that key them now."""
-
-
 @dataclass
 class Recorded:
     """One executed cell's record, and what the committer writes with it."""
@@ -61,17 +54,6 @@ class Recorded:
     tasks: list[TaskLogRow]
     last: LastCell
     unserializable: set[str]
-
-
-@dataclass
-class _Draft:
-    """What the record of the cell holds so far, while `record` adds the hidden state."""
-
-    inputs: dict[str, str]
-    changed: dict[str, Entry]
-    staged: list[Any]
-    written: int
-    unserializable: set[str] = field(default_factory=set)
 
 
 class Recorder:
@@ -98,10 +80,9 @@ class Recorder:
         self._state = state
         self._objects = objects
         self._files = files
-        self._kept: dict[str, None] = {}
-        """Files executed cells of this kernel wrote, in order (at most `_KEPT_LIMIT`)."""
         self._world = world
         self._outside = outside
+        self._written = WrittenFiles(objects, files, world, outside, paths)
         self._rng = rng
         self._paths = paths
         self._capture = capture
@@ -117,13 +98,13 @@ class Recorder:
         plan.inputs.update(plan.outside_before)
         plan.uses = name_uses(plan.transformed)  # only a cell that runs needs them
         plan.started = time.perf_counter()
-        plan.rng_before = hidden.rng_states()
+        plan.rng_before = randomness.rng_states()
         # Between cells only the kernel's own threads run (distributed's, a thread a cell left
         # behind), whenever they get to it: a cell is keyed on the state the last cell left.
         plan.rng_key_before = {which: self._rng.left.get(which, digest) for which, digest in plan.rng_before.items()}
         plan.env_before = hidden.env_snapshot()
         plan.cwd_before = os.getcwd()
-        plan.kept_before = {path: _signature(path) for path in self._kept}
+        plan.kept_before = self._written.signatures()
         if plan.msg_id:
             self._capture.start(plan.msg_id)
         stack = contextlib.ExitStack()
@@ -131,7 +112,7 @@ class Recorder:
         stack.enter_context(self._files.tracking())
         self._world.clear()
         stack.enter_context(self._world.tracking())
-        plan.seeded = stack.enter_context(hidden.watching_seeds())
+        plan.seeded = stack.enter_context(randomness.watching_seeds())
         plan.draws = stack.enter_context(DrawWatch().watching())
         plan.tracking = stack
 
@@ -152,7 +133,7 @@ class Recorder:
         the Dask tasks it computed (the session owns it, with the interception)."""
         assert plan.effects is not None
         result, context_docs = self._checkpoint_names(plan)
-        draft = _Draft(
+        draft = Draft(
             inputs=dict(plan.inputs),
             changed=dict(result.changed),
             staged=[*context_docs, *result.staged],
@@ -161,7 +142,7 @@ class Recorder:
         )
         # Hidden state: RNGs, files, environment, working directory.
         self._add_rngs(plan, draft)
-        self._add_files_and_outside(plan, draft)
+        self._written.add(plan, draft)
         self._add_env_and_cwd(plan, draft)
         self._state.entries.update({k: v for k, v in draft.changed.items() if pseudo.is_pseudo(k)})
         tasks = self._add_tasks(plan, draft, task_cache)
@@ -278,12 +259,12 @@ class Recorder:
                 ns.discard_pending(name)
         return result, context_docs
 
-    def _add_rngs(self, plan: CellPlan, draft: _Draft) -> None:
+    def _add_rngs(self, plan: CellPlan, draft: Draft) -> None:
         """The global RNG states the cell read (inputs) and moved (writes)."""
         inputs = draft.inputs
         rng_left = self._rng.left
-        rng_after = hidden.rng_states()
-        saved = hidden.capture_rng()
+        rng_after = randomness.rng_states()
+        saved = randomness.capture_rng()
         if self._touches_rng(plan):
             # It may read a global RNG's state without drawing (`random.getstate()`).
             for which, digest in plan.rng_key_before.items():
@@ -293,7 +274,7 @@ class Recorder:
             if which not in rng_left:
                 rng_left[which] = digest
             if plan.rng_before.get(which) != digest:
-                if which == hidden.RANDOM and plan.background_draws_only:
+                if which == randomness.RANDOM and plan.background_draws_only:
                     # Only distributed's own threads moved it (checkpoint/draws.py): not the
                     # cell's doing, so neither an input nor part of what a replay restores.
                     continue
@@ -309,62 +290,7 @@ class Recorder:
                 draft.changed[pseudo.name(Pseudo.RNG, which)] = Entry(stored.digest, HIDDEN, digest, (), {"what": "rng", "rng": which})
                 draft.written += stored.new_bytes
 
-    def _add_files_and_outside(self, plan: CellPlan, draft: _Draft) -> None:
-        """Files read and written, directory listings and file metadata, library settings
-        and local modules' state; and why a replay could not do what the cell did."""
-        assert plan.effects is not None
-        inputs, changed, rel = draft.inputs, draft.changed, self._paths.rel
-        files, world = self._files, self._world
-        for path, db_digest in world.databases.items():
-            # sqlite opens its file in C: read before, and possibly written by, the cell.
-            files.read_digests.setdefault(path, db_digest)
-            files.reads.add(path)
-            files.writes.add(path)
-        for path in sorted(files.reads):
-            found = files.read_digests.get(path, hidden.file_digest(path))
-            inputs[pseudo.name(Pseudo.FILE, rel(path))] = found or ABSENT
-        self._outside.world_inputs(world, plan.env_before, inputs, env_key)
-        for (how, path), key in sorted(files.found.items()):
-            # What a removal, rename or link found: whether the path existed, its content, a folder's names.
-            inputs.setdefault(pseudo.name(_FOUND[how], rel(path)), key)
-        outside_bytes, impure = self._outside.after(plan.outside_before, inputs, changed, draft.staged)
-        draft.written += outside_bytes
-        if not any(k.startswith(Pseudo.SETTING.value) for k in changed):
-            impure += [f"changes module {m}, which a replay cannot restore" for m in outside.rebound_modules(plan.module_bindings)]
-        if "reload" in plan.effects.reads or "reload" in plan.reads:
-            impure.append("reloads a module")
-        if impure:
-            inputs[outside.IMPURE] = "; ".join(sorted(set([inputs[outside.IMPURE]] if outside.IMPURE in inputs else []) | set(impure)))
-        for path, before in plan.kept_before.items():
-            if path not in files.writes and _signature(path) != before:
-                files.writes.add(path)  # written through a handle an earlier cell opened: no open now
-        if len(self._kept) < _KEPT_LIMIT:
-            self._kept.update(dict.fromkeys(sorted(files.writes)))
-        for path in sorted(files.writes):
-            relpath = rel(path)
-            if os.path.isdir(path):
-                if path in files.made_dirs and not _holds_only_excluded(path, files.excluded):
-                    made = {"what": "file", "path": relpath, "dir": True}
-                    # Keyed as a file input of the path is keyed then: a folder has no content (ABSENT).
-                    changed[pseudo.name(Pseudo.FILE, relpath)] = Entry(ABSENT, HIDDEN, ABSENT, (), made)
-                continue
-            if not os.path.lexists(path) and path in files.created:
-                continue  # made and removed by the cell: nothing on disk changed
-            if os.path.isfile(path):
-                data, key = read_file(path)  # one read gives both the stored bytes and the key
-                blob = self._objects.stage_blob(data)
-                draft.staged.append(blob)
-                draft.written += blob.new_bytes
-                changed[pseudo.name(Pseudo.FILE, relpath)] = Entry(blob.digest, HIDDEN, key, (), {"what": "file", "path": relpath})
-            else:
-                gone: dict[str, Any] = {"what": "file", "path": relpath, "deleted": True}
-                if path in files.dirs:
-                    gone["dir"] = True  # removed with everything under it
-                changed[pseudo.name(Pseudo.FILE, relpath)] = Entry(ABSENT, HIDDEN, ABSENT, (), gone)
-        if files.writes:
-            inputs[pseudo.name(Pseudo.CWD)] = rel(plan.cwd_before)
-
-    def _add_env_and_cwd(self, plan: CellPlan, draft: _Draft) -> None:
+    def _add_env_and_cwd(self, plan: CellPlan, draft: Draft) -> None:
         """Environment variables the cell set and the working directory it moved to."""
         for var, value in hidden.env_diff(plan.env_before, hidden.env_snapshot()).items():
             draft.changed[pseudo.name(Pseudo.ENV, var)] = Entry(ABSENT, HIDDEN, env_key(value), (), {"what": "env", "var": var, "value": value})
@@ -372,7 +298,7 @@ class Recorder:
             rel = self._paths.rel(os.getcwd())
             draft.changed[pseudo.name(Pseudo.CWD)] = Entry(ABSENT, HIDDEN, rel, (), {"what": "cwd", "path": rel})
 
-    def _add_tasks(self, plan: CellPlan, draft: _Draft, task_cache: TaskCache | None) -> list[TaskLogRow]:
+    def _add_tasks(self, plan: CellPlan, draft: Draft, task_cache: TaskCache | None) -> list[TaskLogRow]:
         """The Dask tasks the cell computed or loaded (their log rows), and the files their results rest on."""
         inputs = draft.inputs
         tasks = task_cache.drain_log() if task_cache is not None else []
@@ -426,23 +352,3 @@ class Recorder:
     def _count(self, reply: Mapping[str, Any]) -> int:
         count = reply.get("execution_count")
         return int(count) if isinstance(count, int) else int(self._shell.execution_count) - 1
-
-
-def _holds_only_excluded(folder: str, excluded: Callable[[str], bool]) -> bool:
-    """Whether a folder the cell made holds nothing but what the file tracker leaves out
-    (a Dask cluster's scratch space made where `temporary-directory` says): that folder is
-    the cluster's, not the notebook's."""
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return False
-    return bool(names) and all(excluded(os.path.join(folder, name)) for name in names)
-
-
-def _signature(path: str) -> tuple[int, int, int] | None:
-    """What tells that a file changed: its size, modification time and inode (None: gone)."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return (info.st_size, info.st_mtime_ns, info.st_ino)

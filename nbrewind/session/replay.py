@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nbrewind.checkpoint import hidden
+from nbrewind.checkpoint import randomness
 from nbrewind.checkpoint.outputs import decode_outputs, for_replay
 from nbrewind.session import policy
 from nbrewind.session.plan import CellPlan, Emit, LastCell, RngLedger
@@ -110,10 +110,10 @@ class Replayer:
         last = LastCell(count, "replayed", plan.reason, duration, 0, 0.0)
         rng = self._rng
         rng.left.update({w: e.key for w, e in rng.pending.items()})
-        loaded = (hidden.RANDOM, hidden.NUMPY_RANDOM) if hidden.NUMPY_RANDOM in sys.modules else (hidden.RANDOM,)
+        loaded = (randomness.RANDOM, randomness.NUMPY_RANDOM) if randomness.NUMPY_RANDOM in sys.modules else (randomness.RANDOM,)
         if any(which not in rng.left for which in loaded):
             # Only until every loaded generator has a key: digesting states costs ~0.1 ms a replay.
-            rng.left = {**hidden.rng_states(), **rng.left}
+            rng.left = {**randomness.rng_states(), **rng.left}
         record = self._recorder.run_record(
             plan, count, "replayed", plan.reason, duration,
             status=run.status or "ok",

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nbrewind.checkpoint import hidden
+from nbrewind.checkpoint import hidden, randomness
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.values import load_group
 from nbrewind.session.keys import user_names
@@ -102,7 +102,7 @@ class Restorer:
     def apply_pending_rng(self) -> None:
         for which, entry in list(self._rng.pending.items()):
             state = load_group(self._state.objects, entry.digest)["state"]
-            hidden.restore_rng({which: state})
+            randomness.restore_rng({which: state})
             del self._rng.pending[which]
 
     def apply_pending_files(self) -> None:

@@ -15,14 +15,12 @@ import xxhash
 from nbrewind.checkpoint import hidden
 from nbrewind.checkpoint.hidden import (
     FileTracker,
-    capture_rng,
     cwd,
     env_diff,
     env_snapshot,
     file_digest,
-    restore_rng,
-    rng_states,
 )
+from nbrewind.checkpoint.randomness import capture_rng, restore_rng, rng_states
 
 # -- RNG -------------------------------------------------------------------------------
 
