@@ -19,20 +19,17 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nbrewind.checkpoint import randomness
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.serialize import Unserializable, digest_value
-from nbrewind.checkpoint.values import StagedGroup, load_group, load_json, stage_group
+from nbrewind.checkpoint.values import StagedGroup, load_json, stage_group
 from nbrewind.identity import settings as settings_registry
-from nbrewind.session import policy, pseudo
-from nbrewind.session.pseudo import Pseudo
+from nbrewind.session import policy
 from nbrewind.session.state import UNSERIALIZABLE, VALUE, Entry, value_key
-from nbrewind.store.digest import is_digest
+from nbrewind.session.then import as_then
 
 if TYPE_CHECKING:
     from nbrewind.session.notices import Notices
@@ -245,7 +242,7 @@ class Rebuilder:
 
         scratch.set_loader(self._loader(scratch, depth, same_group=False))
         try:
-            with self._as_then(entries) as names:
+            with as_then(entries, self._state.objects, self._paths, self._initial_settings) as names:
                 for member, item in names.items():
                     scratch.set_pending(member, item)
                 self._exec(code, label, scratch, failed)
@@ -291,52 +288,6 @@ class Rebuilder:
                 if not failed:
                     raise
 
-    @contextlib.contextmanager
-    def _as_then(self, entries: Mapping[str, Any]) -> Iterator[dict[str, Entry]]:
-        """The global RNG states, environment, working directory and library settings of a
-        checkpoint's `entries` (name -> (digest, meta)), for the duration; yields its names'
-        entries. The process is left as it was found."""
-        names: dict[str, Entry] = {}
-        rng_states: dict[str, Any] = {}
-        env: dict[str, str | None] = {}
-        cwd: str | None = None
-        settings: dict[str, str] = {}
-        for member, (digest, meta) in entries.items():
-            parsed = pseudo.parse(member)
-            if parsed is None:
-                names[member] = Entry.from_meta(digest, meta)
-            elif parsed[0] is Pseudo.SETTING and "setting" in meta and is_digest(digest):
-                settings[meta["setting"]] = digest
-            elif parsed[0] is Pseudo.RNG:
-                rng_states[parsed[1]] = digest
-            elif parsed[0] is Pseudo.ENV and "var" in meta:
-                env[meta["var"]] = meta.get("value")
-            elif parsed[0] is Pseudo.CWD and "path" in meta:
-                cwd = meta["path"]
-        # A fresh run of the notebook never ran this cell a second time: its draws from the
-        # global RNGs must not count, and it draws what the original run drew; it sees the
-        # environment variables, working directory and library settings (warning filters,
-        # pandas options) the notebook had set by then.
-        objects = self._state.objects
-        saved = randomness.capture_rng()
-        saved_env = {var: os.environ.get(var) for var in env}
-        saved_cwd = os.getcwd()
-        then = {name: snapshot for name, snapshot in self._initial_settings.items() if name not in settings}
-        saved_settings = settings_registry.capture_settings([*settings, *then])
-        try:
-            randomness.restore_rng({which: load_group(objects, d)["state"] for which, d in rng_states.items()})
-            then.update({name: load_group(objects, d)["snapshot"] for name, d in settings.items()})
-            settings_registry.apply_settings(then)
-            _set_env(env)
-            if cwd is not None:
-                os.chdir(self._paths.abs(cwd))
-            yield names
-        finally:
-            os.chdir(saved_cwd)
-            _set_env(saved_env)
-            settings_registry.apply_settings(saved_settings)
-            randomness.restore_rng(saved)
-
     def _rerun_in_kernel(self, code: str, entries: Mapping[str, Any], label: str, failed: bool, want: Mapping[str, str]) -> dict[str, Any]:
         """Run `code` in the kernel's own namespace, made for the duration what `entries`
         (a checkpoint) say, then put the namespace back exactly as it was. Returns the
@@ -354,7 +305,7 @@ class Rebuilder:
         made: dict[str, Any] = {}
         try:
             ns.set_loader(self._loader(ns, 0, same_group=True))
-            with self._as_then(entries) as names:
+            with as_then(entries, self._state.objects, self._paths, self._initial_settings) as names:
                 for name in [n for n in ns.keys() if policy.is_user_name(n, dict.get(ns, n), hidden_ns)]:
                     dict.pop(ns, name, None)
                     ns.discard_pending(name)
@@ -432,14 +383,6 @@ class Rebuilder:
         made = {name: found[entry.digest]}
         made.update({other: found[digest] for other, digest in twins.items() if digest in found})
         return made
-
-
-def _set_env(values: Mapping[str, str | None]) -> None:
-    for var, value in values.items():
-        if value is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = value
 
 
 def _transform(shell: Any, code: str) -> str:

@@ -14,14 +14,13 @@ identical data costs only hashing and existence checks.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import zstandard
 
@@ -32,10 +31,11 @@ from nbrewind.errors import (
     ReadOnlyStoreError,
 )
 from nbrewind.store import frame
-from nbrewind.store.digest import digest_bytes, digest_releasing_gil, is_digest
+from nbrewind.store.digest import digest_bytes, is_digest
 from nbrewind.store.fsio import TEMP_PREFIX, atomic_write, durability_barrier, is_deferred_mode, note_suspect
+from nbrewind.store.blob_reads import BlobReadsMixin
 from nbrewind.store.object_refs import RefsMixin
-from nbrewind.store.reads import fill_from_chunk_file, read_chunks, read_threads_from_env
+from nbrewind.store.reads import read_threads_from_env
 from nbrewind.store.staging import StagedBlob, StagingMixin, _Held
 from nbrewind.store.trees import (
     BLOB_CHUNK_SIZE,
@@ -60,7 +60,7 @@ _ZSTD_HEAD = 18
 _FANOUT_RE = re.compile(r"[0-9a-f]{2}")
 
 
-class ObjectStore(StagingMixin, RefsMixin):
+class ObjectStore(StagingMixin, RefsMixin, BlobReadsMixin):
     """Digest-named objects under ``root/objects`` and digest refs under ``root/refs``.
 
     Safe to share between threads and between processes (including Dask workers on
@@ -338,85 +338,6 @@ class ObjectStore(StagingMixin, RefsMixin):
             return None
         content, _ = self._read(digest, move_corrupt=move_corrupt)
         return decode_tree(content)
-
-    def _blob_layout(self, digest: str) -> tuple[list[str], int]:
-        children, payload = self.get_tree(digest)
-        try:
-            meta = json.loads(payload)
-            size, chunk_size = int(meta["size"]), int(meta["chunk_size"])
-        except (ValueError, KeyError, TypeError):
-            raise NotATreeError(f"object {digest} is a tree but not a blob") from None
-        if chunk_size != BLOB_CHUNK_SIZE or len(children) != -(-size // chunk_size):
-            raise NotATreeError(f"blob chunk list {digest} does not match its recorded size")
-        return children, size
-
-    def blob_size(self, digest: str) -> int:
-        """The byte length of the blob whose chunk-list tree is ``digest``."""
-        return self._blob_layout(digest)[1]
-
-    def get_blob(self, digest: str, allocate: Callable[[int], Any] | None = None) -> Any:
-        """Reassemble a blob stored by ``put_blob``; every chunk is verified.
-
-        The bytes land in a new ``bytearray``, or in ``allocate(size)``: any
-        writable one-byte-per-item buffer, such as a numpy array the caller
-        will turn into the restored array itself.
-        """
-        return self.get_blobs([[digest]], allocate)[0]
-
-    def get_blobs(
-        self, groups: Sequence[Sequence[str]], allocate: Callable[[int], Any] | None = None
-    ) -> list[Any]:
-        """For each sequence of blob digests in ``groups``, one new buffer holding
-        those blobs back to back (made as ``get_blob`` makes one).
-
-        Every chunk is put in its place and verified there right after it is read,
-        on up to ``read_threads`` threads (see `nbrewind.store.reads`); a buffer
-        stored as several blobs (the columns of a pandas block) is assembled in
-        place like one, not read blob by blob and joined. A missing or damaged chunk raises what ``get`` would
-        (ObjectNotFoundError, CorruptObjectError: the first in chunk order, after
-        every damaged chunk was moved aside), and a chunk of the wrong size
-        NotATreeError.
-        """
-        buffers: list[Any] = []
-        jobs: list[tuple[str, memoryview]] = []
-        for digests in groups:
-            layouts = [self._blob_layout(digest) for digest in digests]
-            total = sum(size for _, size in layouts)
-            out = bytearray(total) if allocate is None else allocate(total)
-            view = memoryview(out).cast("B")
-            offset = 0
-            for children, size in layouts:
-                for index, child in enumerate(children):
-                    start = offset + index * BLOB_CHUNK_SIZE
-                    jobs.append((child, view[start : min(start + BLOB_CHUNK_SIZE, offset + size)]))
-                offset += size
-            buffers.append(out)
-        try:
-            read_chunks(jobs, self._read_into, self.read_threads)
-        finally:
-            jobs.clear()  # the chunk views go now, not with the last helper's reference
-        return buffers
-
-    def _read_into(self, digest: str, target: memoryview) -> None:
-        """Fill ``target`` with the object's bytes, verified: a sound object is read whole
-        into this thread's read buffer, copied (raw) or decoded (compressed) into
-        ``target``, and ``target`` is hashed while it is still in the CPU cache."""
-        try:
-            handle = open(self.path_of(digest), "rb", buffering=0)
-        except FileNotFoundError:
-            raise self._not_found(digest) from None
-        with handle:
-            if fill_from_chunk_file(handle, target) and digest_releasing_gil(target) == digest:
-                return
-        # Damaged, or not the expected size: the full read raises (moving the file aside)
-        # if the object itself is damaged.
-        content, _ = self._read(digest)
-        if len(content) != len(target):
-            raise NotATreeError(
-                f"blob chunk {digest} holds {len(content)} bytes where its chunk list expects "
-                f"{len(target)}; the chunk list is inconsistent"
-            )
-        target[:] = content
 
     # -- listing and sizes ---------------------------------------------------
 
