@@ -27,17 +27,16 @@ from typing import Any
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.outputs import OutputCapture
 from nbrewind.errors import NbrewindError
-from nbrewind.session import outcome
+from nbrewind.session.cells import Cells
 from nbrewind.session.commit import Committer
 from nbrewind.session.forecast import Forecast, forecast
 from nbrewind.session.notices import Notices
 from nbrewind.session.parts import Parts, StoreHandle, store_location
 from nbrewind.session.plan import CellPlan, Emit, LastCell, Paths, RngLedger
-from nbrewind.session.clients import may_need_client
 from nbrewind.session.restore import complete_pending
 from nbrewind.session.state import LiveState
 from nbrewind.session.writer import BackgroundWriter
-from nbrewind.store import CellRun, Store, TaskLogEntry
+from nbrewind.store import Store
 
 
 class Session:
@@ -83,11 +82,13 @@ class Session:
         self._paths = Paths(self.start_dir)
         self._rng = RngLedger()
         self._store_path = store_path
-        self.last: LastCell | None = None
-        self._outcome: tuple[str | None, dict[str, Any]] | None = None
         self.writer = BackgroundWriter()
         self.committer = Committer(self.writer)
         self._handle = StoreHandle(self.store_location, self._build_parts, self.channel)
+        self.cells = Cells(
+            self._handle, ready=self._ready, namespace=lambda: self.namespace, capture=self.capture, channel=self.channel,
+            committer=self.committer, writer=self.writer, unrecordable=self.unrecordable,
+        )
         ns = shell.user_ns
         if isinstance(ns, LazyNamespace):
             ns.set_loader(self._load_pending)
@@ -128,138 +129,30 @@ class Session:
     def _ready(self) -> bool:
         return self.enabled and self._handle.usable()
 
-    # -- before a cell ------------------------------------------------------------
+    # -- each execute request (`Cells`) ---------------------------------------------
 
     def begin(
         self, code: str, *, silent: bool = False, store_history: bool = True, cell_id: str | None = None, msg_id: str | None = None
     ) -> CellPlan:
         """Analyse the request and decide: replay it, or run and record it."""
-        if not silent:
-            self.channel.new_request()
-            self.unrecordable.clear()  # cleared, not replaced: the Restorer appends to this list
-            self._outcome = (msg_id, outcome.not_recorded("the cell ran as on a plain kernel"))
-        if silent:
-            return CellPlan(record=False)  # a frontend's own request: replays' pending state waits for the next cell
-        if not store_history:
-            self._outcome = (msg_id, outcome.not_recorded("store_history is off for this request"))
-            return self._unrecorded()
-        if not self._ready():
-            self._outcome = (msg_id, outcome.not_recorded("recording is off for this kernel (the kernel log says why)"))
-            return self._unrecorded()
-        for name in self.committer.take_lost():
-            self.state.entries.pop(name, None)
-            self.state.forget(name)
-        self.channel.report_write_failures(self.writer)
-        try:
-            plan = self._opened().keys.plan(code, cell_id, msg_id)
-        except Exception as exc:
-            self._warn("could not analyse the cell; it is not recorded", exc)
-            self._outcome = (msg_id, outcome.not_recorded(f"NBRewind could not analyse the cell ({type(exc).__name__})"))
-            return CellPlan(record=False)
-        if plan.replay:
-            return plan
-        try:
-            self._start_run(plan)
-        except Exception as exc:
-            self._warn("could not start recording the cell", exc)
-            self._outcome = (msg_id, outcome.not_recorded(f"NBRewind could not start recording ({type(exc).__name__})"))
-            return CellPlan(record=False)
-        return plan
-
-    def _unrecorded(self) -> CellPlan:
-        """A cell that runs unrecorded (without history, or with recording off) still runs
-        after the RNG states, settings and temp files replayed cells left: put them in place.
-        (A silent request is a frontend's own, not the notebook's: it runs as it is, and
-        `jupyter nbrewind run`'s last one does not import numpy to apply a setting.)"""
-        parts = self._handle.opened()
-        if parts is not None:
-            try:
-                parts.restorer.apply_pending()
-                parts.outside.apply_pending()
-            except Exception as exc:
-                self._warn("could not put back the state replayed cells left", exc)
-        return CellPlan(record=False)
-
-    def _start_run(self, plan: CellPlan) -> None:
-        """Bring back what the cell needs that replays left pending, then start recording it."""
-        parts = self._opened()
-        parts.restorer.apply_pending()
-        parts.outside.apply_pending()
-        try:
-            parts.restorer.rebuild_pending(plan.reads, clients=may_need_client(plan, self.state.entries, self.namespace))
-        except Exception as exc:
-            self._warn("could not bring back a value that cannot be stored (a Dask client, a lock...)", exc)
-        parts.recorder.start(plan)
-
-    # -- after a cell ran -----------------------------------------------------------
+        return self.cells.begin(code, silent=silent, store_history=store_history, cell_id=cell_id, msg_id=msg_id)
 
     def finish(self, plan: CellPlan, reply: Mapping[str, Any]) -> None:
         """Record the cell run and its checkpoint."""
-        if not plan.record or plan.replay:
-            return
-        outputs = self.capture.stop(plan.msg_id) if plan.msg_id else []
-        if plan.msg_id and not self.capture.complete(plan.msg_id):
-            self.unrecordable.append("an output message")
-            self.notice("NBRewind warning: an output of this cell could not be recorded; this cell is not recorded")
-        recorder = self._opened().recorder
-        duration = recorder.stop(plan)
-        if self.unrecordable:
-            # A record would replay a failure that was NBRewind's, not the notebook's, or
-            # miss an output the cell showed (the notice said which).
-            what = ", ".join(self.unrecordable)
-            self._outcome = (plan.msg_id, outcome.not_recorded(f"NBRewind could not bring back or record: {what}", duration))
-            return
-        try:
-            recorded = recorder.record(plan, reply, outputs, duration, self._handle.task_cache)
-            self.state.mark_used(plan.reads, plan.code_digest, recorded.run.inputs or {})
-            self.last = recorded.last
-            self._submit(recorded.run, recorded.staged, recorded.nbytes, recorded.tasks)
-            run = recorded.run
-            self._outcome = (plan.msg_id, outcome.ran(recorded.last.reason, duration, run.task_hits or 0, run.task_misses or 0))
-            if recorded.unserializable:
-                names = ", ".join(sorted(recorded.unserializable))
-                self.info(f"NBRewind: {names} cannot be stored; a repeat rebuilds it by running this cell.")
-        except KeyboardInterrupt:
-            self._warn("checkpointing was interrupted; this cell is not recorded")
-        except Exception as exc:
-            self._warn("could not checkpoint the cell; it is not recorded", exc)
-
-    def _submit(self, run: CellRun, staged: list[Any], nbytes: int, tasks: Sequence[TaskLogEntry] | None = None) -> None:
-        """Queue the cell run's record with the checkpoint as it is now (the full name -> entry map)."""
-        entries = {k: (v.digest, v.meta_text()) for k, v in self.state.entries.items()}
-        self.committer.submit(self.store, self._handle.task_cache, run, entries, staged, nbytes, list(tasks or ()))
-
-    # -- replay ------------------------------------------------------------------------
+        self.cells.finish(plan, reply)
 
     def replay(self, plan: CellPlan) -> dict[str, Any] | None:
-        """Send the matched run's outputs, bind its writes, and return its reply.
-
-        Returns None when the replay cannot be prepared; the cell then runs.
-        """
-        run = plan.match
-        assert run is not None and run.checkpoint_id is not None
-        replayer = self._opened().replayer
-        try:
-            outputs, started = replayer.bind(plan)
-        except Exception as exc:
-            self._warn(f"could not replay cell run #{run.id}; running the cell instead", exc)
-            plan.reason = f"its record cannot be replayed ({type(exc).__name__}: {exc})"
-            plan.replay = False
-            self._start_run(plan)
-            return None
-        replayed = replayer.send(plan, outputs, started)
-        self.state.mark_used(run.reads or (), plan.code_digest, run.inputs or {})
-        self.last = replayed.last
-        self._submit(replayed.run, [], 0)
-        self._outcome = (plan.msg_id, outcome.replayed(plan.reason, replayed.last.seconds, run))
-        return replayed.reply
+        """Replay a matched run and return its reply; None when the cell must run instead."""
+        return self.cells.replay(plan)
 
     def reply_metadata(self, msg_id: str | None) -> dict[str, Any] | None:
-        """``metadata.nbrewind`` for the reply to request `msg_id` (see `outcome`); None for
-        a request this session made no decision on (a silent one)."""
-        if self._outcome is None or self._outcome[0] != msg_id:
-            return None
-        return dict(self._outcome[1])
+        """``metadata.nbrewind`` for the reply to request `msg_id` (see `outcome`)."""
+        return self.cells.reply_metadata(msg_id)
+
+    @property
+    def last(self) -> LastCell | None:
+        """What the last recorded or replayed cell of this kernel did (`%nbrewind status`)."""
+        return self.cells.last
 
     # -- the rest of the kernel's requests ------------------------------------------
 
