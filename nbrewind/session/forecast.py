@@ -172,12 +172,14 @@ def _bind_replay(candidates: list[CellRun], plan: CellPlan, seen: Foreseen, cata
         assert run.checkpoint_id is not None
         written = catalog.checkpoint_entries(run.checkpoint_id, run.writes or ())
         after: dict[str, Entry | None] = {k: Entry.from_meta(d, m) for k, (d, m) in written.items()}
-        for name in run.deletes or ():
-            after[name] = None
         current = dict(seen.entries)
-        current.update({k: v for k, v in after.items() if v is not None})
+        current.update(after)
+        for name in run.deletes or ():
+            current.pop(name, None)  # a value the cell read, then deleted (`h.close(); del h`), is gone
         for name, entry in used_entries(current, run.reads or (), plan.code_digest, run.inputs or {}).items():
             after[name] = entry
+        for name in run.deletes or ():
+            after[name] = None
         results.append(after)
     names = set().union(*results)
     for name in names:

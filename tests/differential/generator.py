@@ -632,6 +632,45 @@ def handles(rng: random.Random, s: str) -> Fragment:
     return Fragment("handles", cells, edits)
 
 
+def rebinds(rng: random.Random, s: str) -> Fragment:
+    """A name bound, used, then bound again by a later cell, often to the value it already
+    holds, in one of the many ways Python binds a name (plain, unpacking, a loop, a walrus,
+    `global` in a function, an import, a branch that may not be taken); an edit upstream
+    then changes what the later binding has to put back, or not."""
+    a = rng.randint(2, 9)
+    flag = rng.choice([True, False])
+    same = a if rng.random() < 0.7 else _other(rng, a, 2, 9)
+    binders = {
+        "plain": f"k{s} = {same}",
+        "unpack": f"k{s}, _u{s} = {same}, 0\ndel _u{s}",
+        "loop": f"for k{s} in [{same}]:\n    pass",
+        "walrus": f"print((k{s} := {same}))",
+        "global": f"def set{s}(x):\n    global k{s}\n    k{s} = x\nset{s}({same})",
+        "branch": f"if flag{s}:\n    k{s} = {same}",
+        "import": f"from math import floor as f{s}\nk{s} = f{s}({same}.5)",
+        "with": f"import contextlib\nwith contextlib.nullcontext({same}) as k{s}:\n    pass",
+        "max": f"k{s} = max(k{s}, {same})",
+    }
+    how = rng.choice(sorted(binders))
+    cells = [
+        f"k{s} = {a}\nflag{s} = {flag}",
+        f"v{s} = k{s} * 10",
+        binders[how],
+        f"print('k', k{s}, 'v', v{s})",
+        f"w{s} = k{s} + v{s}\nprint(w{s})",
+    ]
+    upstream = Edit("rebind-upstream", 0, f"k{s} = {_other(rng, a, 2, 9)}\nflag{s} = {flag}")
+    edits = [
+        upstream,
+        upstream,  # twice as likely: the edit that needs the later binding put back
+        Edit("rebind-flag", 0, f"k{s} = {a}\nflag{s} = {not flag}"),
+        Edit("rebind-how", 2, binders[rng.choice([h for h in sorted(binders) if h != how])]),
+        Edit("rebind-value", 2, binders[how].replace(str(same), str(_other(rng, same, 2, 9)))),
+        Edit("rebind-reader", 3, f"print('now', k{s})"),
+    ]
+    return Fragment("rebinds", cells, edits)
+
+
 FAMILIES: dict[str, FragmentMaker] = {
     "alias": alias,
     "mutfunc": mutfunc,
@@ -649,6 +688,7 @@ FAMILIES: dict[str, FragmentMaker] = {
     "removals": removals,
     "handles": handles,
     "views": views,
+    "rebinds": rebinds,
 }
 
 

@@ -545,6 +545,20 @@ PATTERNS: list[Pattern] = [
         edit={2: "with open('log.txt') as fh:\n    print('lines:', fh.read().splitlines())\ndel fh"},
     ),
     pattern(
+        "handle_closed_and_deleted_then_names_listed",
+        "a file handle is opened, closed and deleted in later cells, then a cell lists the notebook's names; "
+        "a cosmetic edit of the closing cell: every cell replays, and the forecast must know the handle is gone "
+        "(it kept the handle, re-keyed as used by the closing cell, and foresaw the listing cell running)",
+        [
+            "h = open('h.txt', 'w')",
+            "h.write('x\\n')\nh.flush()",
+            "h.close()\ndel h",
+            "print(sorted(n for n in globals() if not n.startswith('_') and n not in ('In', 'Out', 'exit', 'quit', 'get_ipython')))",
+        ],
+        edit={2: "h.close()\ndel h\n# closed"},
+        replays=(0, 1, 2, 3),
+    ),
+    pattern(
         "tempfile_read_after_edit",
         "a cell writes a mkstemp file, the last cell reads and removes it, and is edited; replays leave temp files "
         "pending, so a repeat that does not write it back before the edited cell runs fails with FileNotFoundError, "
