@@ -67,6 +67,9 @@ def open_store(location: Path, notice: Callable[[str], None]) -> Store:
             "the store holds objects: which cells were recorded is lost, so every cell runs and is recorded "
             "again (the stored objects are reused)."
         )
+    shared = store.catalog.shared_fs_notice()
+    if shared:
+        notice(shared)
     return store
 
 

@@ -1,9 +1,11 @@
 """The SQLite catalog: cell runs, checkpoints and the task log (rows: `catalog_tables`).
 
 One connection per Catalog, shared by threads under a lock; WAL so readers in
-other processes never block the writer; explicit transactions (``BEGIN
-IMMEDIATE`` takes the write lock up front, so two processes never deadlock
-upgrading a read to a write). The schema is versioned in ``meta`` and upgraded
+other processes never block the writer, except on a network filesystem, where
+WAL's shared memory cannot reach other machines and a rollback journal is used
+(`nbrewind.store.fstype` decides); explicit transactions (``BEGIN IMMEDIATE``
+takes the write lock up front, so two processes never deadlock upgrading a read
+to a write). The schema is versioned in ``meta`` and upgraded
 by the numbered ``MIGRATIONS``; a catalog written by a newer NBRewind is refused
 rather than misread. Rows go in and come out as the typed records of
 `nbrewind.store.rows`, JSON columns encoded and decoded on the way.
@@ -27,6 +29,7 @@ from typing import Any
 
 from nbrewind.errors import ReadOnlyStoreError, SchemaTooNewError, StoreError, StoreFullError
 from nbrewind.store.catalog_tables import CatalogTablesMixin
+from nbrewind.store.fstype import JOURNAL_ENV, JournalChoice, choose_journal
 from nbrewind.store.rows import CellRun, Checkpoint, TaskLogEntry
 from nbrewind.store.schema import MIGRATIONS, SCHEMA_VERSION
 from nbrewind.store.signing import CatalogSigner, catalog_head, frame_digest, manifest_digest, store_signature, user_keys
@@ -35,6 +38,9 @@ __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Catalog", "CellRun", "Checkpoint", "
 
 
 _BUSY_TIMEOUT_MS = 30_000
+_LEAVE_WAL_SECONDS = 5.0
+"""How long to wait for other connections to close when a WAL catalog must change to a
+rollback journal: SQLite allows that only to the one connection left."""
 
 
 class Catalog(CatalogTablesMixin):
@@ -48,6 +54,10 @@ class Catalog(CatalogTablesMixin):
         self._signer = None if readonly else CatalogSigner(self.path)
         if readonly and not self.path.is_file():
             raise StoreError(f"no catalog at {self.path}")
+        self.journal: JournalChoice | None = None if readonly else choose_journal(self.path)
+        """The journal mode this writable catalog uses and why (None when read-only)."""
+        if not readonly:
+            _create_shareable(self.path)
         try:
             self._conn = self._connect(immutable=False)
             self._setup()
@@ -103,9 +113,10 @@ class Catalog(CatalogTablesMixin):
     def _setup_schema(self) -> None:
         with self._lock:
             try:
-                if not self.readonly:
-                    self._enable_wal()
-                    self._conn.execute("PRAGMA synchronous = NORMAL")
+                if self.journal is not None:
+                    self._set_journal_mode(self.journal)
+                    # A rollback journal is crash-safe only with FULL; WAL is with NORMAL.
+                    self._conn.execute(f"PRAGMA synchronous = {'FULL' if self.journal.rollback else 'NORMAL'}")
                 self._conn.execute("PRAGMA foreign_keys = ON")
                 version = self._schema_version()
             except sqlite3.Error as exc:
@@ -134,20 +145,47 @@ class Catalog(CatalogTablesMixin):
                     (str(SCHEMA_VERSION),),
                 )
 
-    def _enable_wal(self) -> None:
-        # Switching to WAL needs an exclusive lock and SQLite does not wait for
-        # it (no busy handler), so a second process creating the catalog at the
-        # same moment gets "database is locked": retry until the busy timeout.
-        deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+    def _set_journal_mode(self, choice: JournalChoice) -> None:
+        # Entering WAL needs an exclusive lock and SQLite does not wait for it (no busy
+        # handler), so a second process creating the catalog at the same moment gets
+        # "database is locked": retry until the busy timeout. Leaving WAL needs this to
+        # be the only connection: wait a little for others to close, then explain.
+        started, current = time.monotonic(), ""
         while True:
             try:
-                if self._conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                    self._conn.execute("PRAGMA journal_mode = WAL")
+                current = self._conn.execute("PRAGMA journal_mode").fetchone()[0]
+                if current != choice.mode:
+                    self._conn.execute(f"PRAGMA journal_mode = {choice.mode.upper()}")
                 return
             except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() > deadline:
+                if "locked" not in str(exc):
+                    raise
+                waited = time.monotonic() - started
+                if current == "wal" and waited > _LEAVE_WAL_SECONDS:
+                    raise StoreError(
+                        f"the catalog {self.path} is in WAL mode, which breaks when processes on different machines "
+                        f"use it, and needs a rollback journal because {choice.reason}; another process has it open, "
+                        f"so it cannot be switched now. Stop the other kernels and `jupyter nbrewind` commands using "
+                        f"this store (on every machine) and open it again, or set {JOURNAL_ENV}=wal if every process "
+                        f"using this store runs on this machine"
+                    ) from exc
+                if waited > _BUSY_TIMEOUT_MS / 1000:
                     raise
                 time.sleep(0.01)
+
+    @property
+    def journal_mode(self) -> str:
+        """SQLite's journal mode of this connection (``wal``, ``truncate``, ``delete``...)."""
+        with self._lock:
+            try:
+                return str(self._conn.execute("PRAGMA journal_mode").fetchone()[0])
+            except sqlite3.Error as exc:
+                raise self._translate(exc) from exc
+
+    def shared_fs_notice(self) -> str | None:
+        """A warning for the user when this store's filesystem makes sharing it between
+        machines unsafe (locks that stay local, or WAL forced on a network filesystem)."""
+        return None if self.journal is None else self.journal.notice()
 
     def _schema_version(self) -> int:
         has_meta = self._conn.execute(
@@ -275,6 +313,17 @@ class Catalog(CatalogTablesMixin):
             except sqlite3.Error as exc:
                 raise self._translate(exc) from exc
         return store_signature(keys, head, frame, manifest_sha256)
+
+
+def _create_shareable(path: Path) -> None:
+    """Create an empty catalog file with the permissions the umask allows (SQLite would
+    create it 0644 whatever the umask), so a store in a group's folder with umask 002 is
+    writable by the group; SQLite gives its journal files the catalog's permissions."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    except OSError:
+        return  # it exists, or SQLite reports why it cannot be created
+    os.close(fd)
 
 
 def _split_sql(script: str) -> list[str]:

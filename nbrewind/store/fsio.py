@@ -172,8 +172,10 @@ def is_deferred_mode(mode: int) -> bool:
 def _note_deferred(root: Path) -> None:
     # One byte per deferred write: the marker's (inode, size) changes with every one of
     # them, which no coarse or skewed clock can hide from the barrier.
+    # Mode 0o666 less the umask, as for every file of the store: on a group store (umask 002)
+    # another member's worker must append to it too.
     try:
-        fd = os.open(root / UNSYNCED_MARKER, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(root / UNSYNCED_MARKER, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
     except FileNotFoundError:
         return  # no store there: the write itself failed already
     try:
