@@ -173,7 +173,7 @@ def _bind_replay(candidates: list[CellRun], plan: CellPlan, seen: Foreseen, cata
         written = catalog.checkpoint_entries(run.checkpoint_id, run.writes or ())
         after: dict[str, Entry | None] = {k: Entry.from_meta(d, m) for k, (d, m) in written.items()}
         current = dict(seen.entries)
-        current.update(after)
+        current.update({k: v for k, v in after.items() if v is not None})
         for name in run.deletes or ():
             current.pop(name, None)  # a value the cell read, then deleted (`h.close(); del h`), is gone
         for name, entry in used_entries(current, run.reads or (), plan.code_digest, run.inputs or {}).items():
