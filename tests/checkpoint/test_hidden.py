@@ -158,7 +158,7 @@ def test_a_dask_clusters_scratch_space_is_not_the_notebooks(tmp_path: Path) -> N
     assert list((tmp_path / "scratch").rglob("*.lock")), "the cluster wrote no lock file: nothing was tested"
     # The cluster made the folder temporary-directory names; holding only its scratch space,
     # it is the cluster's, and the recorder leaves it out.
-    from nbrewind.session.recorder import _holds_only_excluded
+    from nbrewind.session.filerecord import _holds_only_excluded
 
     scratch = str(tmp_path / "scratch")
     assert tracker.writes == {str(mine), scratch} and tracker.made_dirs == {scratch}
