@@ -1,49 +1,52 @@
-"""The Dask task cache: results stored by fingerprint, where the tasks run.
+"""The Dask task cache, client side: lookups, task specs and the task log.
 
-A task result lives in the store as an *entry*: a tree object whose first child
-is the pickle stream (cloudpickle, protocol 5), whose other children are the
-large out-of-band buffers (``put_blob``: chunked, deduplicated by content), and
-whose payload is a small JSON record (size, run time, worker, and the local
-files the task's fingerprint covered, path -> digest, so a later hit can report
-what the result was made from). The ref
-``tasks/<fingerprint>`` points at the newest entry; the client reads it back to
-decide hits and to fill the task log.
+A task result lives in the store as an *entry* (``results.py``: the pickle
+stream, its large buffers as deduplicated blobs, and a small JSON record with
+size, run time, worker, and the local files the task's fingerprint covered, so
+a later hit can report what the result was made from). The ref
+``tasks/<fingerprint>`` points at the newest entry; :class:`TaskCache` reads it
+back to decide hits and to fill the task log.
 
-The functions a rewritten graph calls (:func:`load_result`,
-:func:`compute_and_store`) run on Dask workers: they open the store by absolute
-path (once per process) and never let a cache problem fail the user's task.
-
-Writes are cheap: of the tasks of a graph that share a fingerprint only one
-stores (``TaskSpec.store``), and a worker on the client's machine writes without
-fsync (``nbrewind.store.fsio.deferred_sync``). That is safe because nothing
-replayable names a result until the committer's durability barrier
-(``ObjectStore.barrier``, one ``syncfs``) has run: a ref written before a crash
-can name a lost entry, and :meth:`TaskCache.lookup` then sees it unsound and
-misses. A worker on another machine fsyncs each write as before.
+What the rewritten graphs run on the workers (:func:`load_result`,
+:func:`compute_and_store`) is in ``runner.py``; a worker that cannot see the
+store reaches it through the kernel (``remote.py`` on the worker, ``relay.py``
+in the kernel). Their names are importable from here too.
 Nothing here imports dask at module level.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import os
-import pickle
 import socket
-import sys
 import threading
-import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from nbrewind.errors import NbrewindError
-from nbrewind.store import BLOB_CHUNK_SIZE, ObjectStore, Store, TaskLogEntry
-from nbrewind.store.fsio import deferred_sync
+from nbrewind.store import ObjectStore, Store, TaskLogEntry
+from nbrewind.tasks.relay import StoreRelay
+from nbrewind.tasks.remote import StoreLink
+from nbrewind.tasks.results import (
+    ENTRY_FORMAT,
+    OOB_THRESHOLD,
+    TaskCacheError,
+    load_entry,
+    read_entry,
+    store_result,
+)
+from nbrewind.tasks.runner import (
+    REF_NAMESPACE,
+    TaskSpec,
+    compute_and_store,
+    load_result,
+    object_store,
+)
 
 __all__ = [
+    "ENTRY_FORMAT",
+    "OOB_THRESHOLD",
     "REF_NAMESPACE",
     "TaskCache",
     "TaskCacheError",
@@ -52,23 +55,19 @@ __all__ = [
     "compute_and_store",
     "impure",
     "is_impure",
+    "load_entry",
     "load_result",
+    "object_store",
+    "read_entry",
+    "store_result",
 ]
 
-REF_NAMESPACE = "tasks"
-ENTRY_FORMAT = "nbrewind-task-result/1"
-#: Buffers at least this large leave the pickle stream and are stored (deduplicated) on their own.
-OOB_THRESHOLD = 64 * 1024
 _IMPURE_ATTR = "__nbrewind_impure__"
 _KNOWN_LIMIT = 1_000_000
 
 logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class TaskCacheError(NbrewindError):
-    """A cached task result could not be loaded and there was no way to recompute it."""
 
 
 def impure(fn: F) -> F:
@@ -87,144 +86,6 @@ def is_impure(fn: object) -> bool:
             return False
         fn = inner
     return False
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """What a worker needs to load or store one task's result (small, pickled with the task)."""
-
-    root: str
-    fingerprint: str
-    key_prefix: str
-    files: tuple[tuple[str, str], ...] = ()
-    """The local files the fingerprint covers, (absolute path, digest), recorded with the result."""
-    store: bool = True
-    """False for a task whose fingerprint another task of its graph stores: it only runs."""
-    host: str = ""
-    """The client's host: a worker there defers its fsyncs to the client's durability barrier
-    (`nbrewind.store.fsio`); a worker elsewhere, whose page cache that barrier cannot reach, does not."""
-
-
-# -- worker side --------------------------------------------------------------------------------
-
-_stores: dict[str, ObjectStore] = {}
-
-
-def object_store(root: str) -> ObjectStore:
-    """The object area of the store at ``root``, opened once per process."""
-    objects = _stores.get(root)
-    if objects is None:
-        objects = _stores[root] = ObjectStore(Path(root))
-    return objects
-
-
-def _where() -> str:
-    """This process's Dask worker address, else ``host:pid``."""
-    if "distributed" in sys.modules:
-        try:
-            from distributed import get_worker
-
-            return str(get_worker().address)
-        except ValueError:
-            pass
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def store_result(objects: ObjectStore, value: object, record: Mapping[str, Any]) -> tuple[str, int]:
-    """Pickle ``value`` into the store as an entry; return (entry digest, nbytes).
-
-    Raises whatever pickling or writing raises; callers decide what that means.
-    """
-    import cloudpickle
-
-    buffers: list[memoryview] = []
-
-    def keep_in_band(pb: pickle.PickleBuffer) -> bool:
-        view = pb.raw() if memoryview(pb).contiguous else memoryview(memoryview(pb).tobytes())
-        if view.nbytes < OOB_THRESHOLD:
-            return True
-        buffers.append(view)
-        return False
-
-    payload = cloudpickle.dumps(value, protocol=5, buffer_callback=keep_in_band)
-    if len(payload) <= BLOB_CHUNK_SIZE:
-        kind, first = "object", objects.put(payload)
-    else:
-        kind, first = "blob", objects.put_blob(payload)
-    children = [first, *(objects.put_blob(b) for b in buffers)]
-    nbytes = len(payload) + sum(b.nbytes for b in buffers)
-    meta = {"format": ENTRY_FORMAT, "payload": kind, "nbytes": nbytes, **record}
-    entry = objects.put_tree(children, json.dumps(meta, sort_keys=True).encode())
-    return entry, nbytes
-
-
-def read_entry(objects: ObjectStore, entry: str) -> tuple[list[str], dict[str, Any]]:
-    """An entry's children and its JSON record (verified)."""
-    children, payload = objects.get_tree(entry)
-    meta = json.loads(payload)
-    if not isinstance(meta, dict) or meta.get("format") != ENTRY_FORMAT or not children:
-        raise TaskCacheError(f"object {entry} is not a task result entry")
-    return children, meta
-
-
-def load_entry(objects: ObjectStore, entry: str) -> Any:
-    """The value stored in ``entry``; every object is verified against its digest first."""
-    children, meta = read_entry(objects, entry)
-    payload = objects.get(children[0]) if meta["payload"] == "object" else objects.get_blob(children[0])
-    buffers = [objects.get_blob(d) for d in children[1:]]
-    return pickle.loads(payload, buffers=buffers)
-
-
-def load_result(spec: TaskSpec, entry: str, fallback: tuple[dict[Hashable, Any], Hashable] | None) -> Any:
-    """Graph task for a cache hit: the stored result, or on any failure the recomputed one.
-
-    ``fallback`` holds the original task and the upstream work the rewrite culled
-    (or None when that was too large to ship); it runs only if loading fails.
-    """
-    objects = object_store(spec.root)
-    try:
-        return load_entry(objects, entry)
-    except Exception as exc:  # a damaged or vanished object must not fail the user's task
-        problem = f"{type(exc).__name__}: {exc}"
-    if fallback is None:
-        raise TaskCacheError(
-            f"the cached result of task {spec.key_prefix!r} ({spec.fingerprint}) cannot be loaded ({problem}); "
-            "run the cell again to recompute it"
-        )
-    logger.warning("NBRewind: recomputing task %r: its cached result cannot be loaded (%s)", spec.key_prefix, problem)
-    from dask._task_spec import execute_graph
-
-    dsk, key = fallback
-    started = time.perf_counter()
-    graph: Any = dsk
-    value = execute_graph(graph, keys=[key])[key]  # type: ignore[list-item,index]
-    _try_store(spec, value, time.perf_counter() - started)
-    return value
-
-
-def compute_and_store(spec: TaskSpec, func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-    """Graph task for a cache miss: run the task, then store its result by fingerprint."""
-    started = time.perf_counter()
-    value = func(*args, **kwargs)
-    _try_store(spec, value, time.perf_counter() - started)
-    return value
-
-
-def _try_store(spec: TaskSpec, value: object, duration: float) -> None:
-    if not spec.store:
-        return
-    record: dict[str, Any] = {
-        "duration": duration, "worker": _where(), "host": socket.gethostname(), "key_prefix": spec.key_prefix,
-    }
-    if spec.files:
-        record["files"] = dict(spec.files)
-    try:
-        objects = object_store(spec.root)
-        with deferred_sync(objects.root) if spec.host == record["host"] else contextlib.nullcontext():
-            entry, _ = store_result(objects, value, record)
-            objects.ref_set(REF_NAMESPACE, spec.fingerprint, entry)
-    except Exception:  # unpicklable result, full disk, read-only store: the task still succeeds
-        return
 
 
 def _recorded_files(meta: Mapping[str, Any]) -> dict[str, str]:
@@ -279,6 +140,9 @@ class TaskCache:
         self.impure_tokens: set[str] = set()
         """Key tokens dask.delayed generated for calls made with ``pure=False``."""
         self.host = socket.gethostname()
+        self.relay: StoreRelay | None = None
+        """The relay serving workers that cannot see the store (made on first use)."""
+        self._link_failed = False
 
     def __repr__(self) -> str:
         return f"TaskCache({str(self.root)!r})"
@@ -301,14 +165,41 @@ class TaskCache:
         return self._fingerprinter
 
     def spec(
-        self, fingerprint: str, key_prefix: str, files: Mapping[str, str] | None = None, *, store: bool = True
+        self, fingerprint: str, key_prefix: str, files: Mapping[str, str] | None = None, *, store: bool = True,
+        link: StoreLink | None = None,
     ) -> TaskSpec:
         """The worker-side handle for one task (``files``: what its fingerprint covers;
         ``store``: whether this task writes its result; False for all but one of the tasks
-        of a graph that share a fingerprint)."""
+        of a graph that share a fingerprint; ``link``: see :meth:`link_for`)."""
         return TaskSpec(
-            str(self.root), fingerprint, key_prefix, tuple(sorted(files.items())) if files else (), store, self.host
+            str(self.root), fingerprint, key_prefix, tuple(sorted(files.items())) if files else (), store, self.host,
+            link,
         )
+
+    def link_for(self, client: Any) -> StoreLink | None:
+        """The link the tasks of a graph ``client`` sends carry, so that workers which cannot
+        see the store still store and load results through this kernel (`relay.py`).
+
+        None when it cannot be set up (a read-only store): workers must then see the store
+        to use it, as before; the first failure is logged.
+        """
+        with self.lock:
+            try:
+                if self.relay is None:
+                    self.relay = StoreRelay(self.objects, REF_NAMESPACE)
+                return self.relay.link(client)
+            except Exception:  # workers that cannot see the store then just do not cache
+                if not self._link_failed:
+                    self._link_failed = True
+                    logger.warning("NBRewind: workers that cannot see the store will not cache their tasks",
+                                   exc_info=True)
+                return None
+
+    def close(self) -> None:
+        """Write what workers without the store sent, and stop serving them."""
+        relay = self.relay
+        if relay is not None:
+            relay.close()
 
     def lookup(self, fingerprint: str) -> str | None:
         """The entry digest cached for ``fingerprint``, if the ref and its entry object exist."""
@@ -363,6 +254,9 @@ class TaskCache:
         """Task-log rows (fingerprint, key_prefix, hit, duration, nbytes, worker, result_digest,
         and each row's :attr:`TaskLogRow.file_inputs`) gathered since the last drain. A miss
         still running (or whose result could not be stored) has no duration, size or digest."""
+        relay = self.relay
+        if relay is not None:
+            relay.flush()  # results of workers without the store, received so far, are written
         with self.lock:
             pending, self._pending = self._pending, []
         rows = []

@@ -37,6 +37,7 @@ from types import ModuleType
 from typing import Any
 
 from nbrewind.tasks.cache import TaskCache
+from nbrewind.tasks.remote import StoreLink
 from nbrewind.tasks.rewrite import Rewritten, flatten_keys, rewrite_graph
 
 __all__ = ["current_cache", "intercepting"]
@@ -73,6 +74,16 @@ def intercepting(cache: TaskCache) -> Iterator[TaskCache]:
             if not _active and _patches is not None:
                 stack, _patches = _patches, None
                 stack.close()
+            still_active = any(c is cache for c in _active)
+        if not still_active:
+            _close(cache)
+
+
+def _close(cache: TaskCache) -> None:
+    try:
+        cache.close()
+    except Exception:  # leaving must not fail: results not written yet are just not cached
+        logger.warning("NBRewind: could not write the last task results workers sent", exc_info=True)
 
 
 # -- installing patches ---------------------------------------------------------------------------
@@ -162,7 +173,7 @@ def _patch_client(stack: contextlib.ExitStack, module: ModuleType) -> None:
     def _graph_to_futures(self: Any, expr: Any, keys: Any, *args: Any, **kwargs: Any) -> Any:
         cache = current_cache()
         if cache is not None and not kwargs.get("actors"):
-            expr = _rewrite_expr(cache, expr, keys)
+            expr = _rewrite_expr(cache, expr, keys, cache.link_for(self))
         return original(self, expr, keys, *args, **kwargs)
 
     def submit(self: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
@@ -193,13 +204,13 @@ def _impure_if(flag: bool) -> Iterator[None]:
         _local.impure = before
 
 
-def _rewrite_expr(cache: TaskCache, expr: Any, keys: Any) -> Any:
+def _rewrite_expr(cache: TaskCache, expr: Any, keys: Any, link: StoreLink | None = None) -> Any:
     """The graph expression to send instead of ``expr`` (``expr`` itself if nothing changes)."""
     try:
         dsk = expr.__dask_graph__()
         annotations = expr.__dask_annotations__()
         wanted = flatten_keys(list(keys))
-        done = rewrite_graph(cache, dsk, wanted, all_impure=getattr(_local, "impure", False))
+        done = rewrite_graph(cache, dsk, wanted, all_impure=getattr(_local, "impure", False), link=link)
         if not done.changed:
             return expr
         return _as_expr(done, wanted, annotations)

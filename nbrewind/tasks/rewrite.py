@@ -33,6 +33,7 @@ from typing import Any
 
 from nbrewind.tasks.cache import TaskCache, is_impure, load_result
 from nbrewind.tasks.fingerprint.common import no_cyclic_gc
+from nbrewind.tasks.remote import StoreLink
 from nbrewind.tasks.resume import run_resumable
 from nbrewind.tasks.settings import task_settings
 
@@ -221,13 +222,17 @@ def rewrite_graph(
     keys: Iterable[Key],
     *,
     all_impure: bool = False,
+    link: StoreLink | None = None,
 ) -> Rewritten:
-    """Rewrite ``dsk`` (materialized; legacy tuples allowed) for the wanted ``keys``."""
+    """Rewrite ``dsk`` (materialized; legacy tuples allowed) for the wanted ``keys``
+    (``link``: for a distributed scheduler, how workers without the store reach it)."""
     with no_cyclic_gc():
-        return _rewrite(cache, dsk, keys, all_impure)
+        return _rewrite(cache, dsk, keys, all_impure, link)
 
 
-def _rewrite(cache: TaskCache, dsk: Mapping[Key, Any], keys: Iterable[Key], all_impure: bool) -> Rewritten:
+def _rewrite(
+    cache: TaskCache, dsk: Mapping[Key, Any], keys: Iterable[Key], all_impure: bool, link: StoreLink | None
+) -> Rewritten:
     import dask._task_spec as ts
     from dask.utils import key_split
 
@@ -286,7 +291,7 @@ def _rewrite(cache: TaskCache, dsk: Mapping[Key, Any], keys: Iterable[Key], all_
             spec_key = (fp, prefix, id(task_files), store)
             spec = specs.get(spec_key)
             if spec is None:
-                spec = specs[spec_key] = cache.spec(fp, prefix, task_files, store=store)
+                spec = specs[spec_key] = cache.spec(fp, prefix, task_files, store=store, link=link)
             notes.append((fp, prefix, entry is not None, entry, task_files))
             if entry is not None:
                 new[k] = Task(k, load_result, spec, entry, _fallback(graph, k))
