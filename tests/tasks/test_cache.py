@@ -86,13 +86,6 @@ def notebook(counts: Path, edit: str | None = None) -> dict[str, Any]:
 
 
 @pytest.fixture
-def calls(tmp_path: Path) -> Calls:
-    folder = tmp_path / "counts"
-    folder.mkdir()
-    return Calls(folder)
-
-
-@pytest.fixture
 def cache(tmp_path: Path) -> Iterator[TaskCache]:
     c = TaskCache(tmp_path / "store.nbrewind")
     with intercepting(c):

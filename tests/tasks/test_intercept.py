@@ -38,13 +38,6 @@ def client() -> Iterator[Client]:
 
 
 @pytest.fixture
-def calls(tmp_path: Path) -> Calls:
-    folder = tmp_path / "counts"
-    folder.mkdir()
-    return Calls(folder)
-
-
-@pytest.fixture
 def cache(tmp_path: Path, client: Client) -> Iterator[TaskCache]:
     c = TaskCache(tmp_path / "store.nbrewind")
     with intercepting(c):

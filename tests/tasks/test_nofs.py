@@ -101,13 +101,6 @@ def workers(client: Client) -> list[str]:
 
 
 @pytest.fixture
-def calls(tmp_path: Path) -> Calls:
-    folder = tmp_path / "counts"
-    folder.mkdir()
-    return Calls(folder)
-
-
-@pytest.fixture
 def store_path(hidden: Path, request: pytest.FixtureRequest, client: Client, workers: list[str]) -> Path:
     """A store path the workers cannot see; the first worker holds a decoy store there."""
     path = hidden / f"{request.node.name.replace('[', '-').replace(']', '')}.nbrewind"

@@ -57,13 +57,6 @@ def noisy(folder: str, x: int) -> int:
 
 
 @pytest.fixture
-def calls(tmp_path: Path) -> Calls:
-    folder = tmp_path / "counts"
-    folder.mkdir()
-    return Calls(folder)
-
-
-@pytest.fixture
 def cache(tmp_path: Path) -> TaskCache:
     root = tmp_path / "store.nbrewind"
     Store.open(root, create=True).close()

@@ -96,13 +96,6 @@ def length(text):
 
 
 @pytest.fixture
-def calls(tmp_path: Path) -> Calls:
-    folder = tmp_path / "counts"
-    folder.mkdir()
-    return Calls(folder)
-
-
-@pytest.fixture
 def ns(calls: Calls) -> dict[str, Any]:
     namespace: dict[str, Any] = {"__name__": "__main__"}
     exec(compile(NOTEBOOK.format(counts=str(calls.folder)), "<notebook>", "exec"), namespace)
