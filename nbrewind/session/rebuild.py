@@ -29,7 +29,7 @@ from nbrewind.checkpoint.values import StagedGroup, load_json, stage_group
 from nbrewind.identity import settings as settings_registry
 from nbrewind.session import policy
 from nbrewind.session.state import UNSERIALIZABLE, VALUE, Entry, value_key
-from nbrewind.session.then import as_then
+from nbrewind.session.then import FilesThen, as_then, written_files
 
 if TYPE_CHECKING:
     from nbrewind.session.notices import Notices
@@ -111,12 +111,18 @@ class Rebuilder:
             f"NBRewind: bringing back values that cannot be stored (a Dask client, a lock...) by re-running "
             f"{len(steps)} replayed cell{'s' if len(steps) != 1 else ''} that made or used them; their side effects happen again"
         )
+        worlds = []
+        for step in steps:
+            header = catalog.get_checkpoint(step.checkpoint_id)
+            before = catalog.checkpoint_entries(header.parent_id) if header.parent_id is not None else {}
+            run = catalog.get_cell_run(header.cell_run_id) if header.cell_run_id is not None else None
+            worlds.append((step, before, catalog.checkpoint_entries(step.checkpoint_id), (run.inputs if run else None) or {}))
+        # The files the chain writes, as each cell found them: not as later replays left them.
+        files = FilesThen(set().union(*(written_files(b, a) for _, b, a, _ in worlds)), self._state.objects, self._paths)
         self._replaying = True
         try:
-            for step in steps:
-                after = catalog.checkpoint_entries(step.checkpoint_id)
-                parent = catalog.get_checkpoint(step.checkpoint_id).parent_id
-                before = catalog.checkpoint_entries(parent) if parent is not None else {}
+            for step, before, after, inputs in worlds:
+                files.set(before, inputs)
                 label = "<nbrewind re-run of a replayed cell>"
                 unstorable = {n: d for n, (d, meta) in after.items() if meta.get("kind") == UNSERIALIZABLE}
                 if isinstance(self._shell.user_ns, LazyNamespace):
@@ -126,6 +132,7 @@ class Rebuilder:
                 self._made.update({d: dict.__getitem__(scratch, n) for n, d in unstorable.items() if dict.__contains__(scratch, n)})
         finally:
             self._replaying = False
+            files.put_back()
 
     def _made_for(self, name: str, entry: Entry) -> dict[str, Any] | None:
         """`name` and the kernel's other pending resources already made again, or None."""

@@ -604,10 +604,13 @@ def removals(rng: random.Random, s: str) -> Fragment:
 
 def handles(rng: random.Random, s: str) -> Fragment:
     """A file object opened in one cell and written through in later ones (no open there),
-    flushed or not, with a reader of the file between and after, and the close at the end."""
+    flushed or not, with a reader of the file between and after, and the close at the end.
+    The file exists before the open, or the open makes it (drawn from its own RNG, so the
+    draws of the rest of the case stay what they were)."""
     words = ["red", "green", "blue", "gold"]
     first, second = rng.sample(words, 2)
     mode = rng.choice(["w", "a"])
+    made_by_open = random.Random(f"handles|{s}|{first}|{second}|{mode}").random() < 0.3
 
     def write(word: str, flush: bool) -> str:
         return f"h{s}.write('{word}\\n')" + (f"\nh{s}.flush()" if flush else "")
@@ -615,7 +618,7 @@ def handles(rng: random.Random, s: str) -> Fragment:
     reader = f"with open('h{s}.txt') as fh:\n    seen{s} = fh.read().splitlines()\ndel fh\nprint(seen{s})"
     flush_first = rng.random() < 0.7
     cells = [
-        f"with open('h{s}.txt', 'w') as fh:\n    fh.write('start\\n')\ndel fh",
+        f"name{s} = 'h{s}.txt'" if made_by_open else f"with open('h{s}.txt', 'w') as fh:\n    fh.write('start\\n')\ndel fh",
         f"h{s} = open('h{s}.txt', '{mode}')",
         write(first, flush_first),
         reader,
@@ -628,6 +631,9 @@ def handles(rng: random.Random, s: str) -> Fragment:
         Edit("handle-flush", 2, write(first, not flush_first)),
         Edit("handle-mode", 1, f"h{s} = open('h{s}.txt', '{'a' if mode == 'w' else 'w'}')"),
         Edit("handle-reader", 5, reader.replace("print(", "print('later', ")),
+        # Runs after replays restored what the first write left: the open and that write,
+        # re-run to bring the handle back, must not write it a second time.
+        Edit("handle-second-word", 4, write(rng.choice([w for w in words if w != second]), True)),
     ]
     return Fragment("handles", cells, edits)
 

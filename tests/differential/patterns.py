@@ -559,6 +559,34 @@ PATTERNS: list[Pattern] = [
         replays=(0, 1, 2, 3),
     ),
     pattern(
+        "handle_brought_back_after_replayed_writes",
+        "a file handle opened in append mode and written through by the next cell; the cell that writes through it "
+        "again is edited, so the open and the first write, replayed (the file restored as they left it), re-run to "
+        "bring the handle back: they must find the file as they first did, or the first line is written twice",
+        [
+            "with open('log.txt', 'w') as fh:\n    fh.write('start\\n')\ndel fh",
+            "h = open('log.txt', 'a')",
+            "h.write('gold\\n')\nh.flush()",
+            "with open('log.txt') as fh:\n    print(fh.read().splitlines())\ndel fh",
+            "h.write('blue\\n')\nh.flush()",
+            "h.close()\ndel h\nwith open('log.txt') as fh:\n    print('after', fh.read().splitlines())\ndel fh",
+        ],
+        edit={4: "h.write('red\\n')\nh.flush()"},
+    ),
+    pattern(
+        "handle_made_by_open_brought_back",
+        "as above, but the open makes the file: re-run, it must find the file absent, as it did, not holding what "
+        "the replayed write left",
+        [
+            "h = open('made.txt', 'a')",
+            "h.write('gold\\n')\nh.flush()",
+            "with open('made.txt') as fh:\n    print(fh.read().splitlines())\ndel fh",
+            "h.write('blue\\n')\nh.flush()",
+            "h.close()\ndel h\nwith open('made.txt') as fh:\n    print('after', fh.read().splitlines())\ndel fh",
+        ],
+        edit={3: "h.write('red\\n')\nh.flush()"},
+    ),
+    pattern(
         "tempfile_read_after_edit",
         "a cell writes a mkstemp file, the last cell reads and removes it, and is edited; replays leave temp files "
         "pending, so a repeat that does not write it back before the edited cell runs fails with FileNotFoundError, "
