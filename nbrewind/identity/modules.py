@@ -147,6 +147,10 @@ def library_label(module: types.ModuleType) -> str | None:
     name = module.__name__
     if name == "__main__":
         return None
+    if name.partition(".")[0] == "nbrewind":
+        # NBRewind's own functions (`publish` in a task) are library code wherever it is
+        # installed from: keyed by content they read its globals (a ContextVar) and are refused.
+        return f"nbrewind=={distribution_version('nbrewind')}"
     file = getattr(module, "__file__", None)
     if not isinstance(file, str):
         spec = getattr(module, "__spec__", None)

@@ -434,3 +434,16 @@ def test_a_collection_fingerprints_the_same_after_a_pickle_round_trip() -> None:
     before = Fingerprinter().fingerprint_graph(dict(x.__dask_graph__()))
     after = Fingerprinter().fingerprint_graph(dict(y.__dask_graph__()))
     assert len(before) == 61 and after == before
+
+
+def test_nbrewind_functions_called_by_a_task_are_library_code_however_it_is_installed() -> None:
+    """`publish` imported by name from its module was keyed by content in an editable install,
+    reading its module's ContextVar, and the task was refused: now it is `nbrewind==<version>`."""
+    import nbrewind
+    from nbrewind.identity.modules import distribution_version, library_label
+    from nbrewind.tasks import resume
+
+    assert library_label(resume) == f"nbrewind=={distribution_version('nbrewind')}"
+    by_name = notebook("def f(x):\n    publish('p', x)\n    return x + 1", publish=resume.publish)["f"]
+    by_attribute = notebook("def f(x):\n    nbrewind.publish('p', x)\n    return x + 1", nbrewind=nbrewind)["f"]
+    assert fn_fp(by_name) != fn_fp(by_attribute)  # both fingerprint, and differ by the code that calls
