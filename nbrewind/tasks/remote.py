@@ -46,6 +46,7 @@ __all__ = [
     "Abandoned",
     "OutOfBand",
     "PROBES",
+    "RELAY_VARIABLE",
     "StoreLink",
     "deliver",
     "hidden_roots",
@@ -132,13 +133,23 @@ def write_probe(root: str, name: str, data: bytes) -> None:
     os.replace(temp, probe_path(root, name))
 
 
+RELAY_VARIABLE = "NBREWIND_WORKER_STORE"
+"""Set to ``relay`` in a worker's environment, it sends results to and takes entries from
+the kernel even where it sees the store (a shared filesystem slower than the network, or
+checking this mode on a cluster that has one)."""
+
+
 def sees_store(root: str, link: StoreLink | None) -> bool:
     """Whether the store at ``root`` here is the kernel's store; looked up once per process.
 
-    Without a link (a local scheduler: the kernel's own machine) the answer is yes.
+    Without a link (a local scheduler: the kernel's own machine) the answer is yes; with
+    ``NBREWIND_WORKER_STORE=relay`` (`RELAY_VARIABLE`) it is no.
     """
     if link is None:
         return True
+    if os.environ.get(RELAY_VARIABLE) == "relay":
+        hidden_roots.add(root)
+        return False
     key = (root, link.probe)
     seen = _seen.get(key)
     if seen is None:

@@ -277,3 +277,22 @@ def test_a_cluster_mixing_both_kinds_of_workers(client: Client, calls: Calls, st
         deadline = time.monotonic() + 30
         while len(client.scheduler_info()["workers"]) > 2 and time.monotonic() < deadline:
             time.sleep(0.1)
+
+
+def test_workers_told_to_relay_match_the_shared_mode(calls: Calls, tmp_path: Path) -> None:
+    """``NBREWIND_WORKER_STORE=relay`` in the workers' environment: workers that see the store
+    still leave every read and write to the kernel, with the shared mode's hits, misses and
+    values (how the domain-notebook benchmark runs this mode: `python -m benchmarks.run --relay`)."""
+    n = 5
+    env = {remote.RELAY_VARIABLE: "relay"}
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", env=env) as cluster, Client(cluster) as c:
+        told = TaskCache(tmp_path / "told.nbrewind")
+        relayed = run_notebook(c, told, calls, "body", n)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, Client(cluster) as c:
+        shared_cache = TaskCache(tmp_path / "shared.nbrewind")
+        shared = run_notebook(c, shared_cache, calls, "body", n)
+    assert relayed == shared
+    assert relayed[0][2] == (0, 2 * n + 1)
+    assert told.relay is not None and told.relay.stats.stored == 2 * n + 1 + n + 1 and told.relay.stats.failed == 0
+    assert told.relay.stats.served == 1 + n
+    assert shared_cache.relay is None or shared_cache.relay.stats.stored == 0
