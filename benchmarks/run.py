@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.scenarios import NOTEBOOKS, NotebookSpec, Scenario, apply_edits, spec
+from nbrewind.tasks.remote import RELAY_VARIABLE
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -216,6 +217,32 @@ def task_result_bytes(store: Path) -> int:
         return sum(int(e.nbytes or 0) for e in opened.catalog.task_log() if not e.hit)
 
 
+def task_counts(store: Path) -> dict[str, int]:
+    """The newest session's task hits and misses, and how many of the misses' results the
+    kernel stored for workers that did not write the store themselves (`--relay`)."""
+    from nbrewind.store import Store
+    from nbrewind.tasks.results import read_entry
+
+    with Store.open(store, create=False) as opened:
+        runs = opened.catalog.cell_runs()
+        newest = {r.id for r in runs if runs and r.session == runs[-1].session}
+        rows = [e for e in opened.catalog.task_log() if e.cell_run_id in newest]
+        relayed = direct = 0
+        for row in rows:
+            if row.hit or not row.result_digest:
+                continue
+            _, meta = read_entry(opened.objects, row.result_digest)
+            relayed += bool(meta.get("relayed"))
+            direct += not meta.get("relayed")
+        return {"hits": sum(e.hit for e in rows), "misses": sum(not e.hit for e in rows), "relayed": relayed, "direct": direct}
+
+
+def check_relay(label: str, counts: dict[str, int], failures: list[str]) -> None:
+    """With `--relay`, no worker may have written a result into the store itself."""
+    if os.environ.get(RELAY_VARIABLE) == "relay" and counts["direct"]:
+        failures.append(f"{label}: {counts['direct']} task results were written by workers, not through the kernel")
+
+
 def stored_bytes(store: Path) -> int:
     """Bytes the store occupies on disk (objects after compression and deduplication)."""
     from nbrewind.store import Store, du
@@ -290,8 +317,12 @@ def one_round(item: NotebookSpec, work: Path, scale: float, analyse: bool, failu
     out["input_file_bytes"] = sum(f.stat().st_size for f in rec.glob("*-data/*") if f.is_file())
     audited_fps = all_fingerprints(store)
     out["audit_log"] = session_log(store)
+    out["audit_tasks"] = task_counts(store)
+    check_relay(f"{item.name} audit", out["audit_tasks"], failures)
     out["repeat"] = run(rec / f"{item.name}.ipynb", "repeat", work, store)
     out["repeat_log"] = session_log(store)
+    out["repeat_tasks"] = task_counts(store)
+    check_relay(f"{item.name} unmodified repeat", out["repeat_tasks"], failures)
     for what in ("audit", "repeat"):
         for problem in compare_outputs(Path(out["python3"]["output"]), Path(out[what]["output"])):
             failures.append(f"{item.name} unmodified {what}: {problem}")
@@ -333,6 +364,8 @@ def run_scenario(
     misses = sum(r["misses"] for r in res["log"])
     res["hits"], res["misses"] = hits, misses
     label = f"{item.name}/{scenario.name}"
+    res["tasks"] = task_counts(store)
+    check_relay(label, res["tasks"], failures)
     for problem in compare_outputs(Path(res["fresh"]["output"]), Path(res["repeat"]["output"])):
         failures.append(f"{label} repeat: {problem}")
     if scenario.expected_misses is not None:
@@ -413,6 +446,8 @@ def summarize(result: NotebookResult, audited_fps: set[str] | None = None) -> di
         "repeat_s": repeat,
         "audit_overhead_pct": 100 * (audit - plain) / plain,
         "unmodified_speedup": plain / max(repeat, 1e-9),
+        "audit_tasks": r[-1]["audit_tasks"],
+        "unmodified_tasks": r[-1]["repeat_tasks"],
         "unmodified_decisions": [row["decision"] for row in r[-1]["repeat_log"]],
         "unmodified_reasons": [row["reason"] for row in r[-1]["repeat_log"]],
         "stored_bytes": int(_median([x["stored_bytes"] for x in r])),
@@ -435,6 +470,7 @@ def summarize(result: NotebookResult, audited_fps: set[str] | None = None) -> di
             "hits": runs[-1]["hits"],
             "misses": runs[-1]["misses"],
             "expected_misses": runs[-1].get("expected_misses"),
+            "relayed": runs[-1]["tasks"]["relayed"],
             "decisions": [row["decision"] for row in runs[-1]["log"]],
         }
         detail = result.analysis.get("scenarios", {}).get(name)
@@ -572,7 +608,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plots", type=Path, default=None, help="folder for the PNG (default docs/images; with --quick none)")
     parser.add_argument("--jobs", type=int, default=None, help="notebooks benchmarked at once (default 1, 2 with --quick; keep 1 for timings)")
     parser.add_argument("--keep", type=Path, default=None, help="copy the executed notebooks here for inspection")
+    parser.add_argument(
+        "--relay", action="store_true", help=f"workers store and load task results through the kernel ({RELAY_VARIABLE}=relay)"
+    )
     args = parser.parse_args(argv)
+    if args.relay:
+        os.environ[RELAY_VARIABLE] = "relay"  # kernels and the workers their clusters start inherit it
     rounds = args.rounds or (1 if args.quick else 2)
     chosen = [spec(n) for n in args.only] if args.only else list(NOTEBOOKS)
     json_path = args.json or (None if args.quick else DEFAULT_JSON)
@@ -603,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(scenario_table(summaries))
     report = {
-        "command": "python -m benchmarks.run" + (" --quick" if args.quick else "") + "".join(f" --only {n}" for n in args.only or []),
+        "command": "python -m benchmarks.run" + (" --quick" if args.quick else "") + (" --relay" if args.relay else "") + "".join(f" --only {n}" for n in args.only or []),
         "quick": args.quick,
         "rounds": rounds,
         "seconds": time.perf_counter() - started,
