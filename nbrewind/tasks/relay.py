@@ -40,7 +40,7 @@ from typing import Any
 
 from nbrewind.store import ObjectStore
 from nbrewind.store.fsio import deferred_sync
-from nbrewind.tasks.remote import OutOfBand, StoreLink, deliver, probe_path, take_results, write_probe
+from nbrewind.tasks.remote import RELAYED_REFS, OutOfBand, StoreLink, deliver, probe_path, take_results, write_probe
 from nbrewind.tasks.results import entry_frames, store_frames
 
 __all__ = ["BATCH_BYTES", "FLUSH_TIMEOUT", "SCATTER_BYTES", "StoreRelay"]
@@ -202,7 +202,15 @@ class StoreRelay:
         for msg in msgs:
             rid = str(msg["id"])
             try:
-                frames = entry_frames(self.objects, str(msg["entry"]))
+                if "ref" in msg:
+                    namespace, _, name = str(msg["ref"]).partition("/")
+                    found = self.objects.ref_get(namespace, name)
+                    if found is None:
+                        replies[rid] = (None, None)  # no checkpoint yet: resume() gets its default
+                        continue
+                    frames = entry_frames(self.objects, found)
+                else:
+                    frames = entry_frames(self.objects, str(msg["entry"]))
             except Exception as exc:  # damaged or missing: the load task recomputes
                 replies[rid] = (None, f"{type(exc).__name__}: {exc}")
                 self.stats.failed += 1
@@ -242,11 +250,17 @@ class StoreRelay:
         self.stats.failed += len(ids) - len(taken)
         for record, frames in taken.values():
             fingerprint = record.pop("fingerprint", None)
+            namespace = record.pop("ref", None) or self.namespace
             record["relayed"] = True  # stored by the kernel: `nbrewind log` and the benchmarks tell them apart
             try:
+                if namespace != self.namespace and namespace not in RELAYED_REFS:
+                    raise ValueError(f"not a ref namespace workers may write: {namespace!r}")
+                if record.get("drop"):
+                    self.objects.ref_delete(namespace, str(fingerprint))
+                    continue
                 with deferred_sync(self.objects.root):
                     entry, _ = store_frames(self.objects, frames[0], frames[1:], record)
-                    self.objects.ref_set(self.namespace, str(fingerprint), entry)
+                    self.objects.ref_set(namespace, str(fingerprint), entry)
             except Exception as exc:  # full disk, read-only store: the result is not cached
                 logger.debug("NBRewind: could not store a result from %s: %s", worker, exc)
                 self.stats.failed += 1
@@ -259,5 +273,9 @@ def _well_formed(msg: Any) -> bool:
     if not isinstance(msg, dict) or not isinstance(msg.get("id"), str) or not isinstance(msg.get("worker"), str):
         return False
     if msg.get("op") == "get":
+        ref = msg.get("ref")
+        if isinstance(ref, str):
+            namespace, _, name = ref.partition("/")
+            return namespace in RELAYED_REFS and name.isalnum()
         return isinstance(msg.get("entry"), str)
     return msg.get("op") == "put" and isinstance(msg.get("nbytes"), int)

@@ -21,7 +21,11 @@ a stale copy): then nothing is read from or written to that path, and
   still stored;
 - a load task asks the kernel for the entry with an event (:func:`request_entry`)
   and waits; the kernel reads it (verified) and hands the frames over with
-  ``Client.run`` (:func:`deliver`), a large entry scattered to this worker first.
+  ``Client.run`` (:func:`deliver`), a large entry scattered to this worker first;
+- an in-task checkpoint goes the way of a result, under its own ref, and waits until
+  the kernel took it; ``resume`` asks for the ref's value the way a load task asks for
+  an entry (:func:`request_ref`); a finished task's checkpoint ref is dropped by a last
+  hand-over (:func:`drop_ref`).
 
 Both directions go through the scheduler's existing connections, so this needs
 nothing beyond what Dask itself needs (no shared path, no port on the kernel).
@@ -44,14 +48,18 @@ from nbrewind.tasks.results import TaskCacheError, load_frames, pickle_frames
 __all__ = [
     "STASH_LIMIT",
     "Abandoned",
+    "NotTaken",
     "OutOfBand",
     "PROBES",
+    "RELAYED_REFS",
     "RELAY_VARIABLE",
     "StoreLink",
     "deliver",
+    "drop_ref",
     "hidden_roots",
     "probe_path",
     "request_entry",
+    "request_ref",
     "sees_store",
     "stash_result",
     "take_results",
@@ -183,6 +191,12 @@ class _Stashed:
     frames: list[bytes]
     nbytes: int
     at: float = field(default_factory=time.monotonic)
+    taken: threading.Event = field(default_factory=threading.Event)
+
+
+RELAYED_REFS = frozenset({"task-checkpoints"})
+"""Ref namespaces, besides the task results', that workers write and read through the kernel
+(`nbrewind.tasks.resume`'s checkpoints). A record's ``ref`` names one; ``drop`` deletes the ref."""
 
 
 _stash: dict[str, _Stashed] = {}
@@ -190,16 +204,31 @@ _stash_bytes = 0
 _ids = itertools.count()
 
 
-def stash_result(link: StoreLink, fingerprint: str, value: object, record: Mapping[str, Any]) -> bool:
+def stash_result(
+    link: StoreLink, fingerprint: str, value: object, record: Mapping[str, Any], *, ref: str | None = None, wait: float = 0.0
+) -> bool:
     """Pickle ``value`` and hold it until the kernel takes it; True if it was handed over.
 
     The buffers are copied: a later task that changes the value in place must not
-    change what is stored. Raises what pickling raises.
+    change what is stored. Raises what pickling raises. The kernel stores it under the
+    task results' ref, or under ``ref`` (one of `RELAYED_REFS`). With ``wait``, returns
+    only once the kernel took it (raises TaskCacheError after ``wait`` seconds): a
+    checkpoint must outlive this worker.
     """
-    global _stash_bytes
-    worker = _worker()
     payload, buffers = pickle_frames(value)
     frames = [payload, *(bytes(b) for b in buffers)]
+    return _hand_over(link, {**record, "fingerprint": fingerprint, **({"ref": ref} if ref else {})}, frames, wait)
+
+
+def drop_ref(link: StoreLink, ref: str, fingerprint: str) -> bool:
+    """Ask the kernel to delete the ref ``ref/<fingerprint>`` (a finished task's checkpoint),
+    in order after everything this process handed over before."""
+    return _hand_over(link, {"fingerprint": fingerprint, "ref": ref, "drop": True}, [], 0.0)
+
+
+def _hand_over(link: StoreLink, record: dict[str, Any], frames: list[bytes], wait: float) -> bool:
+    global _stash_bytes
+    worker = _worker()
     nbytes = sum(len(f) for f in frames)
     sid = f"{os.getpid()}-{next(_ids)}"
     now = time.monotonic()
@@ -211,13 +240,16 @@ def stash_result(link: StoreLink, fingerprint: str, value: object, record: Mappi
             _stash_bytes -= _stash.pop(oldest).nbytes
         if _stash_bytes + nbytes > STASH_LIMIT:
             return False
-        _stash[sid] = _Stashed({**record, "fingerprint": fingerprint}, frames, nbytes)
+        stashed = _stash[sid] = _Stashed(record, frames, nbytes)
         _stash_bytes += nbytes
     try:
         worker.log_event(link.topic, {"op": "put", "worker": worker.address, "id": sid, "nbytes": nbytes})
     except Exception:
         _take([sid])
         raise
+    if wait > 0 and not stashed.taken.wait(wait):
+        if _take([sid]):  # still here: the kernel never came for it
+            raise NotTaken(f"the kernel did not take the data within {wait:g} s")
     return True
 
 
@@ -230,6 +262,7 @@ def _take(ids: Sequence[str]) -> dict[str, tuple[dict[str, Any], list[bytes]]]:
             if stashed is not None:
                 _stash_bytes -= stashed.nbytes
                 out[sid] = (stashed.record, stashed.frames)
+                stashed.taken.set()
     return out
 
 
@@ -239,6 +272,10 @@ def take_results(ids: Sequence[str]) -> dict[str, tuple[dict[str, Any], list[byt
 
 
 # -- loads of cached results ---------------------------------------------------------------------------
+
+
+class NotTaken(TaskCacheError):
+    """The kernel did not come for what this worker handed over (it is gone, or stuck)."""
 
 
 class Abandoned(Exception):
@@ -261,6 +298,21 @@ def request_entry(link: StoreLink, entry: str, timeout: float | None = None) -> 
     Raises TaskCacheError when the kernel could not read it or did not answer in time,
     and :class:`Abandoned` as soon as the task is cancelled (its client let it go).
     """
+    frames = _request(link, {"entry": entry}, f"entry {entry}", timeout)
+    if frames is None:
+        raise TaskCacheError(f"the kernel could not read entry {entry}")
+    return load_frames(frames)
+
+
+def request_ref(link: StoreLink, ref: str, fingerprint: str, default: Any = None, timeout: float | None = None) -> Any:
+    """The value stored under the ref ``ref/<fingerprint>`` (one of `RELAYED_REFS`), read by
+    the kernel and sent here; ``default`` when there is no such ref. Raises as `request_entry`."""
+    frames = _request(link, {"ref": f"{ref}/{fingerprint}"}, f"ref {ref}/{fingerprint}", timeout)
+    return default if frames is None else load_frames(frames)
+
+
+def _request(link: StoreLink, what: dict[str, str], label: str, timeout: float | None) -> list[Any] | None:
+    """Frames the kernel sends for a request; None for a ref it does not hold."""
     worker = _worker()
     key = worker.active_threads.get(threading.get_ident())
     rid = f"{os.getpid()}-{next(_ids)}"
@@ -268,17 +320,17 @@ def request_entry(link: StoreLink, entry: str, timeout: float | None = None) -> 
     limit = LOAD_TIMEOUT if timeout is None else timeout
     deadline = time.monotonic() + limit
     try:
-        worker.log_event(link.topic, {"op": "get", "worker": worker.address, "id": rid, "entry": entry})
+        worker.log_event(link.topic, {"op": "get", "worker": worker.address, "id": rid, **what})
         while not waiting.done.wait(0.2):
             if time.monotonic() > deadline:
-                raise TaskCacheError(f"the kernel did not send entry {entry} within {limit:g} s")
+                raise TaskCacheError(f"the kernel did not send {label} within {limit:g} s")
             if key is not None and _cancelled(worker, key):
                 raise Abandoned(key)
     finally:
         _inbox.pop(rid, None)
-    if waiting.frames is None:
-        raise TaskCacheError(waiting.error or f"the kernel could not read entry {entry}")
-    return load_frames(waiting.frames)
+    if waiting.error is not None:
+        raise TaskCacheError(waiting.error)
+    return waiting.frames
 
 
 def _cancelled(worker: Any, key: Any) -> bool:
@@ -297,7 +349,7 @@ def deliver(replies: Mapping[str, tuple[Any, str | None]], dask_worker: Any = No
 
     A reply is (frames, None), or (key, None) for frames the kernel scattered to this
     worker under ``key`` (large entries: scattered data travels out of band, ``Client.run``
-    arguments do not), or (None, problem).
+    arguments do not), or (None, problem), or (None, None) for a ref the kernel does not hold.
     """
     woken = 0
     for rid, (frames, error) in replies.items():

@@ -45,6 +45,8 @@ from typing import Any
 from nbrewind.errors import NbrewindError
 from nbrewind.store import ObjectStore
 from nbrewind.tasks.cache import TaskSpec, compute_and_store, load_entry, object_store, store_result
+from nbrewind.tasks.remote import NotTaken, StoreLink, drop_ref, request_ref, sees_store, stash_result
+from nbrewind.tasks.results import TaskCacheError
 
 __all__ = [
     "CHECKPOINT_NAMESPACE",
@@ -61,6 +63,8 @@ __all__ = [
 
 CHECKPOINT_NAMESPACE = "task-checkpoints"
 PUBLISHED_NAMESPACE = "task-published"
+RELAY_WAIT = 30.0
+"""Seconds a checkpoint or resume on a worker without the store waits for the kernel."""
 #: Names given to :func:`publish`: they become part of a ref name and of a Dask key.
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
@@ -79,11 +83,19 @@ class TaskContext:
     resumed: bool = False
     """Whether :func:`resume` found a checkpoint in this attempt."""
     warned: bool = field(default=False, repr=False)
+    unreachable: bool = field(default=False, repr=False)
+    """A checkpoint through the kernel timed out: later ones are not tried (each would wait)."""
 
     @property
     def objects(self) -> ObjectStore:
         """The store's object area (opened once per process)."""
         return object_store(self.spec.root)
+
+    @property
+    def relay(self) -> StoreLink | None:
+        """How to reach the store through the kernel, where this worker cannot see it; else None."""
+        link = self.spec.link
+        return link if link is not None and not sees_store(self.spec.root, link) else None
 
 
 _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("nbrewind_task", default=None)
@@ -113,6 +125,10 @@ def run_resumable(spec: TaskSpec, func: Callable[..., Any], /, *args: Any, **kwa
 
 def _drop_checkpoint(ctx: TaskContext) -> None:
     try:
+        link = ctx.relay
+        if link is not None:
+            drop_ref(link, CHECKPOINT_NAMESPACE, ctx.spec.fingerprint)
+            return
         ctx.objects.ref_delete(CHECKPOINT_NAMESPACE, ctx.spec.fingerprint)
     except (NbrewindError, OSError) as exc:  # read-only store: the stale ref is harmless
         logger.debug("NBRewind: could not drop the checkpoint of %s: %s", ctx.spec.fingerprint, exc)
@@ -148,10 +164,18 @@ def checkpoint(state: Any, *, min_interval: float = 0.0) -> bool:
     record = {"checkpoint": ctx.writes + 1, "written_at": time.time(), "host": socket.gethostname(),
               "key_prefix": spec.key_prefix}
     try:
-        objects = ctx.objects
-        entry, _ = store_result(objects, state, record)
-        objects.ref_set(CHECKPOINT_NAMESPACE, spec.fingerprint, entry)
+        link = ctx.relay
+        if link is not None:
+            if ctx.unreachable:
+                return False
+            if not stash_result(link, spec.fingerprint, state, record, ref=CHECKPOINT_NAMESPACE, wait=RELAY_WAIT):
+                raise TaskCacheError("the worker already holds as much for the kernel as it may (NBREWIND_STASH_BYTES)")
+        else:
+            objects = ctx.objects
+            entry, _ = store_result(objects, state, record)
+            objects.ref_set(CHECKPOINT_NAMESPACE, spec.fingerprint, entry)
     except Exception as exc:  # unpicklable state, full disk: the task itself must go on
+        ctx.unreachable = ctx.unreachable or isinstance(exc, NotTaken)
         _warn_once(ctx, "could not write a checkpoint", exc)
         return False
     ctx.writes += 1
@@ -169,12 +193,19 @@ def resume(default: Any = None) -> Any:
     ctx = _current.get()
     if ctx is None:
         return default
+    missing = object()
     try:
-        objects = ctx.objects
-        entry = objects.ref_get(CHECKPOINT_NAMESPACE, ctx.spec.fingerprint)
-        if entry is None:
-            return default
-        state = load_entry(objects, entry)
+        link = ctx.relay
+        if link is not None:
+            state = request_ref(link, CHECKPOINT_NAMESPACE, ctx.spec.fingerprint, missing, timeout=RELAY_WAIT)
+            if state is missing:
+                return default
+        else:
+            objects = ctx.objects
+            entry = objects.ref_get(CHECKPOINT_NAMESPACE, ctx.spec.fingerprint)
+            if entry is None:
+                return default
+            state = load_entry(objects, entry)
     except Exception as exc:  # a damaged checkpoint means starting over, not failing
         _warn_once(ctx, "could not read the checkpoint, starting from the beginning", exc)
         return default

@@ -296,3 +296,42 @@ def test_workers_told_to_relay_match_the_shared_mode(calls: Calls, tmp_path: Pat
     assert told.relay is not None and told.relay.stats.stored == 2 * n + 1 + n + 1 and told.relay.stats.failed == 0
     assert told.relay.stats.served == 1 + n
     assert shared_cache.relay is None or shared_cache.relay.stats.stored == 0
+
+
+def test_in_task_checkpoints_go_through_the_kernel(client: Client, store_path: Path, tmp_path: Path) -> None:
+    """`nbrewind.checkpoint` and `resume` on workers that cannot see the store: the first attempt
+    fails at step 25 after its checkpoint at 20, the re-run gets that checkpoint from the
+    kernel, and success drops it; nothing is written at the store's path on the workers."""
+    from test_resume import CHECKPOINT_NAMESPACE, CRASH_AT, EXPECTED, K, N, steps
+    from test_resume import notebook as resume_notebook
+
+    folder = tmp_path / "work"
+    folder.mkdir()
+    long_sum = resume_notebook()["long_sum"]
+    cache = TaskCache(store_path)
+    with intercepting(cache):
+        with pytest.raises(RuntimeError, match="crash on the first attempt"):
+            client.compute(dask.delayed(long_sum)(N, K, str(folder), CRASH_AT, "raise")).result()
+        assert cache.relay is not None and cache.relay.flush(30)
+        fingerprint = cache.drain_log()[0].fingerprint
+        assert cache.objects.ref_get(CHECKPOINT_NAMESPACE, fingerprint) is not None  # kept for the next attempt
+        assert client.compute(dask.delayed(long_sum)(N, K, str(folder), CRASH_AT, "raise")).result() == EXPECTED
+        assert cache.relay.flush(30)
+    assert steps(folder)[CRASH_AT:] == list(range(20, N))  # resumed at the checkpoint of step 20
+    assert cache.objects.ref_get(CHECKPOINT_NAMESPACE, fingerprint) is None  # dropped once the task succeeded
+    assert cache.objects.ref_get(REF_NAMESPACE, fingerprint) is not None
+    # checkpoints 10 and 20, then 30 and 40, and the result; one checkpoint sent back (the first resume found none)
+    assert (cache.relay.stats.stored, cache.relay.stats.served, cache.relay.stats.failed) == (5, 1, 0)
+    for namespace in (CHECKPOINT_NAMESPACE, REF_NAMESPACE):
+        assert not any(client.run(os.path.exists, str(store_path / "refs" / namespace)).values())
+
+
+def test_the_relay_serves_only_checkpoint_refs_by_name() -> None:
+    """Anyone on the scheduler can log an event: a ref request must name a checkpoint ref."""
+    from nbrewind.tasks.relay import _well_formed
+
+    base = {"op": "get", "id": "1-0", "worker": "tcp://w:1"}
+    assert _well_formed({**base, "ref": "task-checkpoints/0123abcd"})
+    assert _well_formed({**base, "entry": "0123abcd"})
+    for ref in ("tasks/0123abcd", "task-checkpoints/../x", "task-checkpoints/", "task-published/ab", 7):
+        assert not _well_formed({**base, "ref": ref}), ref

@@ -272,6 +272,32 @@ def test_a_killed_worker_retry_resumes(client: Client, cache: TaskCache, folder:
 
 
 @pytest.mark.cluster
+def test_a_killed_worker_retry_resumes_through_the_kernel(cache: TaskCache, folder: Path) -> None:
+    """The same on workers told to go through the kernel (`NBREWIND_WORKER_STORE=relay`, as
+    where they cannot see the store): each checkpoint returns once the kernel took it, so the
+    one at step 20 outlives the worker killed at step 25, and the retry gets it from the kernel."""
+    from nbrewind.tasks.remote import RELAY_VARIABLE
+
+    ns = notebook()
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0", env={RELAY_VARIABLE: "relay"}) as cluster,
+        Client(cluster) as c,
+    ):
+        future = c.submit(ns["long_sum"], N, K, str(folder), CRASH_AT, "exit", 0.01)
+        assert future.result(timeout=120) == EXPECTED
+        del future
+        assert cache.relay is not None and cache.relay.flush(30)
+    done = steps(folder)
+    assert (folder / "crashed").exists() and len(done) > N  # the first attempt did die mid-task
+    assert done[CRASH_AT:] == list(range(20, N))  # resumed at the checkpoint of step 20
+    stats = cache.relay.stats
+    # checkpoints 10 and 20, then 30 and 40, and the result; the checkpoint at 20 sent back once
+    assert (stats.stored, stats.served, stats.failed) == (5, 1, 0)
+    assert refs(cache.root, CHECKPOINT_NAMESPACE) == []  # dropped through the kernel once the task succeeded
+    assert len(refs(cache.root, REF_NAMESPACE)) == 1
+
+
+@pytest.mark.cluster
 def test_a_published_partial_result_survives_losing_its_worker(
     client: Client, cache: TaskCache, folder: Path
 ) -> None:
