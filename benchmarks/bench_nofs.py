@@ -22,6 +22,10 @@ a new store each round; the timed span ends when the task log has been drained (
 the relay, when the kernel has written what the workers sent). Beside them, the
 other way to serve hits without a shared filesystem: read every entry in this
 process and ``Client.scatter`` the values to the workers. Medians of ``--rounds``.
+
+Then in-task checkpoints: the mean time of one ``nbrewind.checkpoint`` call inside a
+task (``--checkpoints`` per task, two tasks at once), a small dict and a
+``--checkpoint-mb`` MB array with one chunk changed per call, shared against relay.
 """
 
 from __future__ import annotations
@@ -55,6 +59,26 @@ def large(i: int, mb: int) -> Any:
     import numpy as np
 
     return np.random.default_rng(i).random(mb * (1 << 20) // 8)
+
+
+def checkpointing(i: int, count: int, mb: int) -> float:
+    """A task that writes ``count`` checkpoints (a small dict, or an ``mb`` MB array with one
+    changed chunk each time); returns the mean seconds one ``nbrewind.checkpoint`` took."""
+    import numpy as np
+
+    import nbrewind
+
+    array = np.random.default_rng(i).random(mb * (1 << 20) // 8) if mb else None
+    spent = 0.0
+    for step in range(count):
+        if array is not None:
+            array[(step * 262144) % array.size] += 1.0  # one 2 MiB chunk changes
+        state = array if array is not None else {"step": step, "i": i}
+        started = time.perf_counter()
+        if not nbrewind.checkpoint(state):
+            raise RuntimeError("a checkpoint was not written")
+        spent += time.perf_counter() - started
+    return spent / count
 
 
 @contextmanager
@@ -154,12 +178,37 @@ def bench_graph(client: Any, name: str, n: int, submit: Callable[[str], list[Any
     return rows
 
 
+def bench_checkpoints(client: Any, base: Path, rounds: int, count: int, mb: int) -> list[str]:
+    """Mean seconds per in-task checkpoint, a small state and an ``mb`` MB array, shared
+    against relay (two tasks at once, one per worker; medians over rounds)."""
+    rows = []
+    for label, size in (("small", 0), (f"{mb} MB", mb)):
+        per: dict[str, list[float]] = {"shared": [], "relay": []}
+        for r in range(rounds):
+            for mode, folder in (("shared", base / "visible"), ("relay", base / "hidden")):
+                cache = TaskCache(folder / f"ckpt-{size}-{r}.nbrewind")
+                with intercepting(cache):
+                    futures = client.map(checkpointing, range(2), [count] * 2, [size] * 2,
+                                         key=[f"ckpt-{mode}-{size}-{r}-{i}" for i in range(2)])
+                    per[mode] += client.gather(futures)
+                    client.cancel(futures)
+                    cache.drain_log()
+                if mode == "relay" and (cache.relay is None or cache.relay.stats.stored < 2 * count):
+                    raise SystemExit(f"the checkpoints did not go through the kernel: {cache.relay}")
+        shared, relay = statistics.median(per["shared"]), statistics.median(per["relay"])
+        rows.append(f"checkpoint {label:<8} shared {shared * 1e3:8.2f} ms  relay {relay * 1e3:8.2f} ms  "
+                    f"{relay / shared:5.2f}x, {(relay - shared) * 1e3:+8.2f} ms per checkpoint")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--small", type=int, default=200, help="tasks of the small graph")
     parser.add_argument("--large", type=int, default=6, help="tasks of the large graph")
     parser.add_argument("--mb", type=int, default=32, help="MB each large task returns")
+    parser.add_argument("--checkpoints", type=int, default=20, help="checkpoints per task (0: none measured)")
+    parser.add_argument("--checkpoint-mb", type=int, default=8, help="MB of the large checkpointed state")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
@@ -177,6 +226,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{'graph':<8} {'tasks':>5} {'mode':<12} {'median':>12} {'per task':>15}", flush=True)
             for name, n, submit in (("small", args.small, submit_small), ("large", args.large, submit_large)):
                 for row in bench_graph(client, name, n, submit, base, args.rounds):
+                    print(row, flush=True)
+            if args.checkpoints:
+                for row in bench_checkpoints(client, base, args.rounds, args.checkpoints, args.checkpoint_mb):
                     print(row, flush=True)
 
 
