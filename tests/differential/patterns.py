@@ -843,6 +843,7 @@ KERNEL_PATTERNS: list[str] = [
     "thread_pool_random_restore",
     "generator_consumed_later",
     "distributed_local_cluster_file",
+    "handle_brought_back_after_replayed_writes",
 ]
 
 
