@@ -7,14 +7,20 @@ they agree on what "the same file" means.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import xxhash
 
-__all__ = ["file_digest", "quiet_reads", "read_file"]
+if TYPE_CHECKING:
+    from nbrewind.identity.memo import DigestMemo
+
+__all__ = ["file_digest", "quiet_reads", "read_file", "remembering"]
 
 # Bound at import: a cell may run with os.stat wrapped (file metadata tracking), and
 # NBRewind's own stats must not be recorded as the cell's.
@@ -27,6 +33,40 @@ _CACHE_SIZE = 4096
 _CHUNK = 1 << 20
 _digest_cache: OrderedDict[tuple[str, int, int, int, int], str] = OrderedDict()
 _digest_lock = threading.Lock()
+_memo: DigestMemo | None = None
+_remembered: set[tuple[str, int, int, int, int]] = set()
+"""Keys of `_digest_cache` the memo already holds (or was offered and refused as unsettled: not again)."""
+
+
+@contextlib.contextmanager
+def remembering(memo: DigestMemo | None) -> Iterator[None]:
+    """Digests also come from and go to `memo` (kept across processes, see `memo.py`)
+    for the duration; on exit, what this process hashed and the memo still lacks is
+    offered to it (files have settled by then), and the memo is closed."""
+    global _memo
+    previous, _memo = _memo, memo
+    try:
+        yield
+    finally:
+        _memo = previous
+        if memo is not None:
+            with _digest_lock:
+                keys = [k for k in _digest_cache if k not in _remembered]
+            for key in keys:
+                _offer(memo, key, _digest_cache.get(key))
+            memo.close()
+
+
+def _offer(memo: DigestMemo, key: tuple[str, int, int, int, int], digest: str | None) -> None:
+    """Give `memo` a digest of the in-process cache if its file is still what was hashed."""
+    if digest is None:
+        return
+    try:
+        info = _stat(key[0])
+    except OSError:
+        return
+    if (key[0], info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns) == key:
+        memo.put(key[0], info, digest)
 
 
 def file_digest(path: str | os.PathLike[str]) -> str | None:
@@ -45,20 +85,45 @@ def file_digest(path: str | os.PathLike[str]) -> str | None:
     if not stat.S_ISREG(info.st_mode):
         return None
     key = (absolute, info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns)
+    memo = _memo
     with _digest_lock:
         cached = _digest_cache.get(key)
         if cached is not None:
             _digest_cache.move_to_end(key)
-            return cached
-    try:
-        digest = _hash_file(absolute)
-    except (FileNotFoundError, IsADirectoryError):
-        return None
+            if memo is None or key in _remembered:
+                return cached
+    if cached is not None:
+        assert memo is not None
+        memo.put(absolute, info, cached)  # hashed while it was too fresh to remember; maybe settled now
+        if memo.settled(info):
+            _remembered.add(key)
+        return cached
+    digest = memo.get(absolute, info) if memo is not None else None
+    if digest is None:
+        try:
+            digest = _hash_file(absolute)
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+        if memo is not None and _unchanged(absolute, info):
+            memo.put(absolute, info, digest)
     with _digest_lock:
         _digest_cache[key] = digest
+        if memo is not None and memo.settled(info):
+            _remembered.add(key)
         if len(_digest_cache) > _CACHE_SIZE:
+            _remembered.discard(next(iter(_digest_cache)))
             _digest_cache.popitem(last=False)
     return digest
+
+
+def _unchanged(path: str, before: os.stat_result) -> bool:
+    try:
+        after = _stat(path)
+    except OSError:
+        return False
+    return (after.st_size, after.st_mtime_ns, after.st_ino, after.st_ctime_ns) == (
+        before.st_size, before.st_mtime_ns, before.st_ino, before.st_ctime_ns
+    )
 
 
 def read_file(path: str | os.PathLike[str]) -> tuple[bytes, str]:
@@ -80,9 +145,15 @@ def read_file(path: str | os.PathLike[str]) -> tuple[bytes, str]:
     after = _stat(absolute)
     key = (absolute, after.st_size, after.st_mtime_ns, after.st_ino, after.st_ctime_ns)
     if stat.S_ISREG(after.st_mode) and key == (absolute, before.st_size, before.st_mtime_ns, before.st_ino, before.st_ctime_ns):
+        memo = _memo
+        if memo is not None:
+            memo.put(absolute, after, digest)
         with _digest_lock:
             _digest_cache[key] = digest
+            if memo is not None and memo.settled(after):
+                _remembered.add(key)
             if len(_digest_cache) > _CACHE_SIZE:
+                _remembered.discard(next(iter(_digest_cache)))
                 _digest_cache.popitem(last=False)
     return data, digest
 

@@ -24,6 +24,8 @@ from nbrewind.session.replay import Replayer
 from nbrewind.session.restore import Restorer
 from nbrewind.session.state import LiveState
 from nbrewind.errors import NbrewindError, UntrustedStoreError
+from nbrewind.identity.files import remembering
+from nbrewind.identity.memo import DigestMemo
 from nbrewind.store import Store, resolve_store_path
 from nbrewind.store.origin import check_store_origin
 from nbrewind.tasks.cache import TaskCache
@@ -149,6 +151,8 @@ class StoreHandle:
             # What the task layer logs is a notice too: the root logger's fallback would
             # write it to sys.stderr, which in a kernel is the cell's output.
             self._interception.enter_context(self._notices.routed_logs())
+            # File digests this user's earlier kernels took of unchanged files are not taken again.
+            self._interception.enter_context(remembering(DigestMemo.open_default()))
             # Every Dask task run from now until close() is cached in this store.
             self.task_cache = self._interception.enter_context(intercepting(TaskCache(store.root)))
         return self._store
