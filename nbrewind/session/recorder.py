@@ -31,7 +31,7 @@ from nbrewind.session.filerecord import Draft, WrittenFiles
 from nbrewind.session.keys import user_names
 from nbrewind.session.plan import CellPlan, LastCell, Paths, RngLedger, env_key, reply_record, run_status
 from nbrewind.session.pseudo import ABSENT, Pseudo
-from nbrewind.session.state import HIDDEN, Entry
+from nbrewind.session.state import HIDDEN, UNSERIALIZABLE, Entry
 from nbrewind.store.digest import is_digest
 from nbrewind.store import CellRun
 
@@ -143,6 +143,7 @@ class Recorder:
         # Hidden state: RNGs, files, environment, working directory.
         self._add_rngs(plan, draft)
         self._written.add(plan, draft)
+        self._pin_unrestorable_updates(plan, draft)
         self._add_env_and_cwd(plan, draft)
         self._state.entries.update({k: v for k, v in draft.changed.items() if pseudo.is_pseudo(k)})
         tasks = self._add_tasks(plan, draft, task_cache)
@@ -289,6 +290,32 @@ class Recorder:
                 draft.staged.append(stored)
                 draft.changed[pseudo.name(Pseudo.RNG, which)] = Entry(stored.digest, HIDDEN, digest, (), {"what": "rng", "rng": which})
                 draft.written += stored.new_bytes
+
+    def _pin_unrestorable_updates(self, plan: CellPlan, draft: Draft) -> None:
+        """A cell in the life of an unstorable value (it made or read one: an open file) that
+        appended to or updated a file whose earlier content no checkpoint holds never replays.
+
+        Replayed, it would be deferred, and re-run later to bring the value back
+        (`Rebuilder.replay_life`) over the file as the replays left it, with nothing to put
+        back what it found: the append would land twice. Run instead, it finds the file as a
+        fresh run does. (A file an earlier cell wrote is put back from its checkpoint.)"""
+        entries = self._state.entries
+        in_a_life = bool(draft.unserializable) or any(
+            (e := entries.get(n)) is not None and e.kind == UNSERIALIZABLE for n in plan.reads
+        )
+        if not in_a_life:
+            return
+        lost = []
+        for name, found in draft.inputs.items():
+            parsed = pseudo.parse(name)
+            if parsed is None or parsed[0] is not Pseudo.FILE or found == ABSENT or name not in draft.changed:
+                continue
+            before = entries.get(name)
+            if before is None or before.key != found:
+                lost.append(parsed[1])
+        if lost:
+            why = f"updated {', '.join(sorted(lost))} (content no checkpoint holds) while making or using a value that cannot be stored"
+            draft.inputs[outside.IMPURE] = "; ".join(sorted({why, *([draft.inputs[outside.IMPURE]] if outside.IMPURE in draft.inputs else [])}))
 
     def _add_env_and_cwd(self, plan: CellPlan, draft: Draft) -> None:
         """Environment variables the cell set and the working directory it moved to."""

@@ -610,7 +610,9 @@ def handles(rng: random.Random, s: str) -> Fragment:
     words = ["red", "green", "blue", "gold"]
     first, second = rng.sample(words, 2)
     mode = rng.choice(["w", "a"])
-    made_by_open = random.Random(f"handles|{s}|{first}|{second}|{mode}").random() < 0.3
+    variant = random.Random(f"handles|{s}|{first}|{second}|{mode}")
+    made_by_open = variant.random() < 0.3
+    open_and_write = variant.random() < 0.3  # the first write in the cell that opens it
 
     def write(word: str, flush: bool) -> str:
         return f"h{s}.write('{word}\\n')" + (f"\nh{s}.flush()" if flush else "")
@@ -619,8 +621,8 @@ def handles(rng: random.Random, s: str) -> Fragment:
     flush_first = rng.random() < 0.7
     cells = [
         f"name{s} = 'h{s}.txt'" if made_by_open else f"with open('h{s}.txt', 'w') as fh:\n    fh.write('start\\n')\ndel fh",
-        f"h{s} = open('h{s}.txt', '{mode}')",
-        write(first, flush_first),
+        f"h{s} = open('h{s}.txt', '{mode}')" + ("\n" + write(first, flush_first) if open_and_write else ""),
+        f"h{s}.flush()" if open_and_write else write(first, flush_first),
         reader,
         write(second, True),
         reader.replace("print(", "print('after', "),

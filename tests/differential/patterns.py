@@ -587,6 +587,21 @@ PATTERNS: list[Pattern] = [
         edit={3: "h.write('red\\n')\nh.flush()"},
     ),
     pattern(
+        "handle_on_a_file_no_cell_wrote_brought_back",
+        "as above, on a file that was there before the notebook, opened and first written in one cell: no "
+        "checkpoint holds what the open found, so that cell must run (it wrote the first line twice when it "
+        "replayed and was re-run to bring the handle back); the reader after it replays",
+        [
+            "h = open('given.txt', 'a')\nh.write('gold\\n')\nh.flush()",
+            "with open('given.txt') as fh:\n    print(fh.read().splitlines())\ndel fh",
+            "h.write('blue\\n')\nh.flush()",
+            "h.close()\ndel h\nwith open('given.txt') as fh:\n    print('after', fh.read().splitlines())\ndel fh",
+        ],
+        edit={2: "h.write('red\\n')\nh.flush()"},
+        files={"given.txt": "start\n"},
+        replays=(1,),
+    ),
+    pattern(
         "tempfile_read_after_edit",
         "a cell writes a mkstemp file, the last cell reads and removes it, and is edited; replays leave temp files "
         "pending, so a repeat that does not write it back before the edited cell runs fails with FileNotFoundError, "
