@@ -859,6 +859,7 @@ KERNEL_PATTERNS: list[str] = [
     "generator_consumed_later",
     "distributed_local_cluster_file",
     "handle_brought_back_after_replayed_writes",
+    "handle_on_a_file_no_cell_wrote_brought_back",
 ]
 
 
