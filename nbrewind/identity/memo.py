@@ -15,6 +15,10 @@ only for a file whose ctime is at least `SETTLED_NS` older than the hash, as git
 with its "racily clean" entries. A file written just before its cell ended is hashed
 again by the next kernel, then remembered.
 
+Only files on filesystems that keep ctimes as POSIX says (`CTIME_KEPT`: the usual
+local ones, NFS, Lustre, GPFS, CephFS, BeeGFS) are remembered; FUSE, FAT, NTFS and
+SMB mounts may report a ctime a copy can reproduce, so their files are always hashed.
+
 It is a cache: rows carry a checksum, any SQLite error turns it off for the process,
 and nothing is lost by deleting the file.
 """
@@ -32,12 +36,20 @@ from pathlib import Path
 
 import xxhash
 
-__all__ = ["SETTLED_NS", "DigestMemo", "default_memo_path"]
+from nbrewind.store.fstype import Mount, find_mount, parse_mountinfo
+
+__all__ = ["CTIME_KEPT", "SETTLED_NS", "DigestMemo", "default_memo_path"]
 
 logger = logging.getLogger(__name__)
 
 SETTLED_NS = 3_000_000_000
 """How much older than the hash a file's ctime must be for its digest to be remembered."""
+
+CTIME_KEPT = frozenset({
+    "ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "jfs", "bcachefs", "nilfs2", "reiserfs", "tmpfs",
+    "overlay", "nfs", "nfs4", "lustre", "gpfs", "ceph", "beegfs",
+})
+"""Filesystem types (as mountinfo names them) whose ctime every write moves and nothing sets."""
 
 _VARIABLE = "NBREWIND_DIGEST_MEMO"
 _SCHEMA = (
@@ -74,6 +86,11 @@ class DigestMemo:
         self._conn.execute("PRAGMA journal_mode=MEMORY")
         self._conn.execute(_SCHEMA)
         self._host = socket.gethostname()
+        try:
+            self._mounts: list[Mount] = parse_mountinfo(Path("/proc/self/mountinfo").read_text("utf-8", errors="surrogateescape"))
+        except OSError:
+            self._mounts = []  # no mount table: nothing is remembered
+        self._kept_by_folder: dict[str, bool] = {}
         self._lock = threading.Lock()
         self._broken = False
         self.hits = 0
@@ -96,14 +113,23 @@ class DigestMemo:
                         path.unlink()
         return None
 
+    def keeps_ctime(self, path: str) -> bool:
+        """Whether the file at `path` is on a filesystem in `CTIME_KEPT` (looked up once per folder)."""
+        folder = os.path.dirname(path)
+        kept = self._kept_by_folder.get(folder)
+        if kept is None:
+            mount = find_mount(os.path.realpath(folder), self._mounts)
+            kept = self._kept_by_folder[folder] = mount is not None and mount.fstype in CTIME_KEPT
+        return kept
+
     @staticmethod
     def settled(info: os.stat_result) -> bool:
         """Whether a file with stat `info` was last written long enough ago to be remembered."""
-        return time.time_ns() - info.st_ctime_ns >= SETTLED_NS
+        return info.st_ctime_ns > 0 and time.time_ns() - info.st_ctime_ns >= SETTLED_NS
 
     def get(self, path: str, info: os.stat_result) -> str | None:
         """The remembered digest of the file at `path` if it is unchanged (`info` is its stat now)."""
-        if self._broken:
+        if self._broken or not self.keeps_ctime(path):
             return None
         sig = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
         try:
@@ -124,7 +150,7 @@ class DigestMemo:
     def put(self, path: str, info: os.stat_result, digest: str) -> None:
         """Remember the digest of the file at `path`, hashed with stat `info` before and
         after the read, unless its last write is too recent to be told apart (`SETTLED_NS`)."""
-        if self._broken or not self.settled(info):
+        if self._broken or not self.settled(info) or not self.keeps_ctime(path):
             return
         sig = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
         try:

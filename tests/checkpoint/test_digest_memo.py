@@ -159,3 +159,21 @@ def test_remembering_is_undone_on_exit(memo_file: Path) -> None:
     with files.remembering(DigestMemo(memo_file)):
         assert files._memo is not None
     assert files._memo is before
+
+
+def test_files_on_a_filesystem_that_may_not_keep_ctimes_are_not_remembered(
+    hashed: list[str], settled_now: None, data: Path, memo_file: Path
+) -> None:
+    """FAT, NTFS, SMB and FUSE mounts may report a ctime a copy reproduces: always hashed."""
+    from nbrewind.store.fstype import Mount
+
+    remembered = DigestMemo(memo_file)
+    assert remembered.keeps_ctime(str(data))  # this test's folder: a local filesystem that keeps them
+    remembered._mounts = [Mount("/", "vfat", "/dev/sdz1", frozenset())]
+    remembered._kept_by_folder.clear()
+    with files.remembering(remembered):
+        files.file_digest(data)
+    new_process()
+    with files.remembering(DigestMemo(memo_file)):
+        files.file_digest(data)
+    assert hashed == [str(data), str(data)]
