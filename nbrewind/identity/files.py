@@ -65,8 +65,36 @@ def _offer(memo: DigestMemo, key: tuple[str, int, int, int, int], digest: str | 
         info = _stat(key[0])
     except OSError:
         return
-    if (key[0], info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns) == key:
+    if _key(key[0], info) == key:
         memo.put(key[0], info, digest)
+
+
+def _key(path: str, info: os.stat_result) -> tuple[str, int, int, int, int]:
+    return (path, info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns)
+
+
+def _still(path: str, key: tuple[str, int, int, int, int]) -> bool:
+    """Whether the file at `path` has the stat `key` was taken from (it did not change while hashed)."""
+    try:
+        return _key(path, _stat(path)) == key
+    except OSError:
+        return False
+
+
+def _keep(key: tuple[str, int, int, int, int], info: os.stat_result, digest: str, *, offer: bool = True) -> None:
+    """Cache `digest` for `key` and, with `offer`, give it to the memo (which keeps only
+    settled files: a fresh one is offered again on a later hit)."""
+    memo = _memo
+    if memo is not None and offer:
+        memo.put(key[0], info, digest)
+    with _digest_lock:
+        _digest_cache[key] = digest
+        _digest_cache.move_to_end(key)
+        if memo is not None and memo.settled(info):
+            _remembered.add(key)
+        if len(_digest_cache) > _CACHE_SIZE:
+            _remembered.discard(next(iter(_digest_cache)))
+            _digest_cache.popitem(last=False)
 
 
 def file_digest(path: str | os.PathLike[str]) -> str | None:
@@ -84,7 +112,7 @@ def file_digest(path: str | os.PathLike[str]) -> str | None:
         return None
     if not stat.S_ISREG(info.st_mode):
         return None
-    key = (absolute, info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns)
+    key = _key(absolute, info)
     memo = _memo
     with _digest_lock:
         cached = _digest_cache.get(key)
@@ -93,37 +121,18 @@ def file_digest(path: str | os.PathLike[str]) -> str | None:
             if memo is None or key in _remembered:
                 return cached
     if cached is not None:
-        assert memo is not None
-        memo.put(absolute, info, cached)  # hashed while it was too fresh to remember; maybe settled now
-        if memo.settled(info):
-            _remembered.add(key)
+        _keep(key, info, cached)  # hashed while it was too fresh to remember; maybe settled now
         return cached
     digest = memo.get(absolute, info) if memo is not None else None
-    if digest is None:
-        try:
-            digest = _hash_file(absolute)
-        except (FileNotFoundError, IsADirectoryError):
-            return None
-        if memo is not None and _unchanged(absolute, info):
-            memo.put(absolute, info, digest)
-    with _digest_lock:
-        _digest_cache[key] = digest
-        if memo is not None and memo.settled(info):
-            _remembered.add(key)
-        if len(_digest_cache) > _CACHE_SIZE:
-            _remembered.discard(next(iter(_digest_cache)))
-            _digest_cache.popitem(last=False)
-    return digest
-
-
-def _unchanged(path: str, before: os.stat_result) -> bool:
+    if digest is not None:
+        _keep(key, info, digest, offer=False)
+        return digest
     try:
-        after = _stat(path)
-    except OSError:
-        return False
-    return (after.st_size, after.st_mtime_ns, after.st_ino, after.st_ctime_ns) == (
-        before.st_size, before.st_mtime_ns, before.st_ino, before.st_ctime_ns
-    )
+        digest = _hash_file(absolute)
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    _keep(key, info, digest, offer=memo is not None and _still(absolute, key))
+    return digest
 
 
 def read_file(path: str | os.PathLike[str]) -> tuple[bytes, str]:
@@ -143,18 +152,8 @@ def read_file(path: str | os.PathLike[str]) -> tuple[bytes, str]:
         quiet_reads.on = False
     digest = xxhash.xxh3_128_hexdigest(data)
     after = _stat(absolute)
-    key = (absolute, after.st_size, after.st_mtime_ns, after.st_ino, after.st_ctime_ns)
-    if stat.S_ISREG(after.st_mode) and key == (absolute, before.st_size, before.st_mtime_ns, before.st_ino, before.st_ctime_ns):
-        memo = _memo
-        if memo is not None:
-            memo.put(absolute, after, digest)
-        with _digest_lock:
-            _digest_cache[key] = digest
-            if memo is not None and memo.settled(after):
-                _remembered.add(key)
-            if len(_digest_cache) > _CACHE_SIZE:
-                _remembered.discard(next(iter(_digest_cache)))
-                _digest_cache.popitem(last=False)
+    if stat.S_ISREG(after.st_mode) and _key(absolute, after) == _key(absolute, before):
+        _keep(_key(absolute, after), after, digest)
     return data, digest
 
 
