@@ -89,8 +89,7 @@ class WrittenFiles:
             impure += [f"changes module {m}, which a replay cannot restore" for m in outside.rebound_modules(plan.module_bindings)]
         if "reload" in plan.effects.reads or "reload" in plan.reads:
             impure.append("reloads a module")
-        if impure:
-            inputs[outside.IMPURE] = "; ".join(sorted(set([inputs[outside.IMPURE]] if outside.IMPURE in inputs else []) | set(impure)))
+        outside.note_impure(inputs, impure)
         for path, before in plan.kept_before.items():
             if path not in files.writes and _signature(path) != before:
                 files.writes.add(path)  # written through a handle an earlier cell opened: no open now

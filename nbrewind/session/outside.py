@@ -28,6 +28,7 @@ from nbrewind.session.state import HIDDEN, Entry
 from nbrewind.store.objects import ObjectStore
 
 IMPURE = pseudo.name(Pseudo.IMPURE)
+
 #: The pseudo-inputs this module computes the keys of.
 OWNED = frozenset(
     {Pseudo.SETTING, Pseudo.SOURCE, Pseudo.MODULE_STATE, Pseudo.LISTING, Pseudo.STAT, Pseudo.KIND, Pseudo.IMPURE}
@@ -37,6 +38,13 @@ OWNED = frozenset(
 # functions). A draw changes the state and is seen without them; seeding and making
 # a new generator (`default_rng(7)`, `random.Random()`) do not read the global state.
 RNG_NAMES = frozenset({"getstate", "get_state", "_inst", "_rand", "get_bit_generator"})
+
+
+def note_impure(inputs: dict[str, str], reasons: list[str]) -> None:
+    """Add `reasons` why a replay could not do what the cell did to its `inputs` (with any already there)."""
+    if reasons:
+        had = [inputs[IMPURE]] if IMPURE in inputs else []
+        inputs[IMPURE] = "; ".join(sorted({*had, *reasons}))
 
 
 def owns(name: str) -> bool:

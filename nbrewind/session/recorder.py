@@ -315,7 +315,7 @@ class Recorder:
                 lost.append(parsed[1])
         if lost:
             why = f"updated {', '.join(sorted(lost))} (content no checkpoint holds) while making or using a value that cannot be stored"
-            draft.inputs[outside.IMPURE] = "; ".join(sorted({why, *([draft.inputs[outside.IMPURE]] if outside.IMPURE in draft.inputs else [])}))
+            outside.note_impure(draft.inputs, [why])
 
     def _add_env_and_cwd(self, plan: CellPlan, draft: Draft) -> None:
         """Environment variables the cell set and the working directory it moved to."""
