@@ -6,6 +6,15 @@ stores with a trust database and secret of its own (NBREWIND_TRUST_DB), set befo
 any fixture starts a kernel, a JupyterLab or a Dask cluster, so they all share it
 and nothing touches the user's trust database; kernels remember file digests in a
 memo of the run's own (NBREWIND_DIGEST_MEMO), not in the user's cache folder.
+
+Tests kill Nanny workers on purpose, often the same one twice in a few seconds.
+distributed's SpecCluster (LocalCluster) closes a worker's Nanny for good when,
+``distributed.deploy.lost-worker-timeout`` after *a* loss of it, no worker of that
+name is registered; the timer of an earlier loss is not cancelled when the worker
+comes back, so it can fire inside the restart gap of a later loss (seen under load:
+"Closing Nanny ... Reason: nanny-close" one second after a kill, and the test then
+waiting for a worker that never returns). The run sets that timeout to an hour,
+for this process and, through the environment, for kernels and their clusters.
 """
 
 from __future__ import annotations
@@ -13,7 +22,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import dask
 import pytest
+
+LOST_WORKER_TIMEOUT = "1h"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -23,6 +35,14 @@ def _isolated_trust(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         patch.setenv("NBREWIND_TRUST_DB", str(path))
         patch.setenv("NBREWIND_DIGEST_MEMO", str(path.with_name("file-digests.sqlite")))
         yield path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _lost_workers_come_back() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DASK_DISTRIBUTED__DEPLOY__LOST_WORKER_TIMEOUT", LOST_WORKER_TIMEOUT)
+        with dask.config.set({"distributed.deploy.lost-worker-timeout": LOST_WORKER_TIMEOUT}):
+            yield
 
 
 @pytest.fixture(autouse=True)
