@@ -7,6 +7,10 @@ stored raw) and of zeros (compressible and, chunk for chunk, identical), and a
 re-put of identical data (which should only hash and check existence). Each
 figure is the best of ``--repeat`` runs; reads come from the page cache, as they
 do right after a kernel wrote them.
+
+It also puts the random data with the chunks' fsyncs deferred and one barrier
+(``syncfs``) after them, as task results are written, alternating with the
+fsync-per-chunk put: whether checkpoints of large values would gain from it.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from nbrewind.store import Store, digest_bytes
+from nbrewind.store.fsio import deferred_sync
 
 MB = 1024 * 1024
 
@@ -77,6 +82,23 @@ def run(size_mb: int = 200, repeat: int = 3, directory: str | None = None) -> di
         }
 
         results: dict[str, float] = {}
+        per_chunk, deferred = [], []
+        for attempt in range(repeat):  # alternating, so both see the same drift
+            for label, times in (("fsync", per_chunk), ("deferred", deferred))[:: 1 if attempt % 2 == 0 else -1]:
+                os.sync()  # start each from a clean page cache of dirty data
+                with Store.open(workdir / f"{label}-put-{attempt}") as fresh:
+                    if label == "fsync":
+                        times.append(_seconds(lambda: fresh.objects.put_blob(noise)))
+                    else:
+
+                        def put_deferred() -> None:
+                            with deferred_sync(fresh.objects.root):
+                                fresh.objects.put_blob(noise)
+                            fresh.objects.barrier()
+
+                        times.append(_seconds(put_deferred))
+        results["durable_put_fsync_per_chunk"] = size_mb / statistics.median(per_chunk)
+        results["durable_put_deferred_one_barrier"] = size_mb / statistics.median(deferred)
         for label, array in (("random_f64", noise), ("zeros", zeros)):
             put_times, paired = [], []
             for attempt in range(repeat):  # each put into a new, empty store
@@ -133,6 +155,10 @@ def _table(result: dict[str, Any]) -> str:
             f"put_blob {label} vs a raw write timed just before it (median): "
             f"{store[f'put_blob_{label}_vs_paired_raw']:.2f}x"
         )
+    lines.append(
+        f"durable put random_f64, median: fsync per chunk {store['durable_put_fsync_per_chunk']:.0f} MB/s, "
+        f"deferred + one barrier {store['durable_put_deferred_one_barrier']:.0f} MB/s"
+    )
     size = result["params"]["size_mb"]
     for label in ("random_f64", "zeros"):
         lines.append(f"stored for {size} MB {label}: {store[f'stored_mb_{label}']:.1f} MB")
