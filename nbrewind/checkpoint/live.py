@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 
-__all__ = ["LiveResource", "live_resource_name", "qualified_name"]
+__all__ = ["LiveResource", "live_instance_name", "live_resource_name", "qualified_name"]
 
 
 # Types whose instances are handles on something outside the Python heap
@@ -96,6 +97,35 @@ def _scan_mro(cls: type) -> str | None:
         if name in _LIVE_RESOURCE_TYPES:
             return qualified_name(cls)
     return None
+
+
+def live_instance_name(obj: object, is_notebook_code: Callable[[object], bool]) -> str | None:
+    """The name of a live resource that only some instances of a type are, or None.
+
+    A notebook function under ``functools.lru_cache`` / ``functools.cache``: its
+    cache (C state no pickle reaches) is what later calls return, so after a global
+    it read changed, a restored empty cache would compute what a fresh run returns
+    from the cache; and the wrapper pickles by reference to ``__main__``, which a new
+    kernel cannot load. Rebuilt by re-running its life (the definition and the calls
+    that filled the cache), it is exact. A library's cached function pickles by
+    reference to its module, as any library function does.
+
+    A ``numpy.memmap`` backed by a file: writes through it reach the file, which a
+    copy of its data restored as an array would not do.
+    """
+    cls = type(obj)
+    name = _INSTANCE_LIVE.get((str(getattr(cls, "__module__", "")), str(getattr(cls, "__qualname__", ""))))
+    if name == "functools._lru_cache_wrapper":
+        return name if is_notebook_code(getattr(obj, "__wrapped__", None)) else None
+    if name == "numpy.memmap":
+        return name if getattr(obj, "_mmap", None) is not None else None
+    return None
+
+
+_INSTANCE_LIVE = {
+    ("functools", "_lru_cache_wrapper"): "functools._lru_cache_wrapper",
+    ("numpy", "memmap"): "numpy.memmap",
+}
 
 
 class LiveResource(Exception):

@@ -38,7 +38,7 @@ from nbrewind.checkpoint.functions import (
     reduce_notebook_function,
     restoring_into,
 )
-from nbrewind.checkpoint.live import LiveResource, live_resource_name, qualified_name
+from nbrewind.checkpoint.live import LiveResource, live_instance_name, live_resource_name, qualified_name
 from nbrewind.checkpoint.loading import OwningUnpickler, is_fresh_bytes_array, is_writable
 from nbrewind.checkpoint.reducers import (
     WEAK_REDUCERS,
@@ -150,6 +150,9 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle has no
             raise LiveResource(name)
         if kind is self._views.ndarray:
             return self._views.reduce(obj)
+        name = live_instance_name(obj, is_notebook_code)
+        if name is not None:
+            raise LiveResource(name)
         if kind is types.FunctionType and is_notebook_code(obj):
             return reduce_notebook_function(obj, self._for_digest)
         weak = WEAK_REDUCERS.get(kind)
