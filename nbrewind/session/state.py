@@ -310,7 +310,9 @@ class LiveState:
             reason = bad.get(n)
             result: StagedGroup | Unserializable = reason if reason is not None else stage_group(self.objects, {n: value})
             if isinstance(result, Unserializable):
-                record = {"type": result.type_name, "reason": result.reason, **(context() if context else {})}
+                # The name makes each unstorable value of one cell run a record of its own:
+                # two handles a cell opened must not come back as one object.
+                record = {"name": n, "type": result.type_name, "reason": result.reason, **(context() if context else {})}
                 parent = record.get("parent_entries")
                 # The pre-cell state is the record's child, not only a digest in its JSON:
                 # gc, du, verify and pack follow it.
