@@ -32,6 +32,8 @@ from typing import Any
 
 import xxhash
 
+from nbrewind.identity import interpreter
+
 __all__ = ["DASK_CONFIG_EXCLUDED", "REGISTRY", "Setting", "apply_settings", "canonical_bytes", "capture_settings", "encode", "settings_digests"]
 
 
@@ -286,11 +288,13 @@ def _dask_put(snapshot: Any) -> None:
 _SYS_PATH_AT_START: list[str] | None = None
 
 
-def note_sys_path_baseline() -> None:
-    """Remember this interpreter's sys.path, so only a notebook's own changes to it are state."""
+def note_baselines() -> None:
+    """Remember this interpreter's sys.path and process settings, so only a notebook's own
+    changes to them are state (`nbrewind.identity.interpreter`)."""
     global _SYS_PATH_AT_START
     if _SYS_PATH_AT_START is None:
         _SYS_PATH_AT_START = list(sys.path)
+    interpreter.note_baseline()
 
 
 def _dask_work_dirs() -> set[str]:
@@ -376,4 +380,7 @@ REGISTRY: list[Setting] = [
     Setting("sys.path", "sys", _sys_path_get, _sys_path_put),
     Setting("warnings", "warnings", _warnings_get, _warnings_put, lambda: _warnings_get()["filters"]),
     Setting("decimal", "decimal", _decimal_get, _decimal_put),
+    Setting("interpreter", "sys", interpreter.interpreter_get, interpreter.interpreter_put),
+    Setting("time zone", "time", interpreter.time_zone_get, interpreter.time_zone_put),
+    Setting("logging", "logging", interpreter.logging_get, interpreter.logging_put),
 ]

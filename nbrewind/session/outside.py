@@ -65,7 +65,7 @@ class Outside:
         self.rel = rel
         self.absolute = absolute
         self.pending_settings: dict[str, Entry] = {}
-        settings_registry.note_sys_path_baseline()
+        settings_registry.note_baselines()
 
     # -- keys -------------------------------------------------------------------------
 

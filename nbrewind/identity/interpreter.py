@@ -1,0 +1,215 @@
+"""Interpreter and process state a cell can change: settings as the notebook left them.
+
+``sys.setrecursionlimit(150)`` decides whether a later cell's recursion succeeds,
+``os.umask(0o077)`` the mode of every file a later cell creates,
+``sys.set_int_max_str_digits(640)`` whether ``str()`` of a big int raises,
+``time.tzset()`` (after setting ``TZ``) what ``time.localtime`` says, and
+``logging.basicConfig(level=logging.INFO)`` whether a later ``logging.info`` prints.
+None of it is a variable, so a replayed cell that made such a change must make it
+again; `nbrewind.identity.settings` registers each as a `Setting`.
+
+Only what the notebook changed is state: each getter compares with the value the
+process had when the session started (`note_baseline`) and returns an empty snapshot
+while nothing moved. Machines differ in their defaults (a site's umask, a
+``PYTHONINTMAXSTRDIGITS``, the system time zone), and keying every cell on them
+would keep a store from replaying anywhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+__all__ = [
+    "interpreter_get", "interpreter_put", "logging_get", "logging_put", "note_baseline", "time_zone_get", "time_zone_put",
+]
+
+_BASELINE: dict[str, Any] | None = None
+
+
+def note_baseline() -> None:
+    """Remember the process's own values, once: only a notebook's changes are state."""
+    global _BASELINE
+    if _BASELINE is None:
+        _BASELINE = {
+            "interpreter": _interpreter_now(),
+            "zone": _zone_now(),
+            "TZ": os.environ.get("TZ"),
+            "logging": _root_now(),
+        }
+
+
+def _baseline(key: str) -> Any:
+    note_baseline()
+    assert _BASELINE is not None
+    return _BASELINE[key]
+
+
+# -- recursion limit, int digits, umask ----------------------------------------------
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # no /proc: read it by setting it, and put it straight back
+    os.umask(mask)
+    return mask
+
+
+def _interpreter_now() -> dict[str, int]:
+    now = {"recursionlimit": sys.getrecursionlimit(), "umask": _umask()}
+    if hasattr(sys, "get_int_max_str_digits"):
+        now["int_max_str_digits"] = sys.get_int_max_str_digits()
+    return now
+
+
+def interpreter_get() -> dict[str, int]:
+    """The recursion limit, int-to-str digit limit and umask, where the notebook changed them."""
+    start = _baseline("interpreter")
+    return {k: v for k, v in _interpreter_now().items() if start.get(k) != v}
+
+
+def interpreter_put(snapshot: dict[str, int]) -> None:
+    start = _baseline("interpreter")
+    wanted = {**start, **snapshot}
+    now = _interpreter_now()
+    if now["recursionlimit"] != wanted["recursionlimit"]:
+        sys.setrecursionlimit(wanted["recursionlimit"])
+    if now["umask"] != wanted["umask"]:
+        os.umask(wanted["umask"])
+    if "int_max_str_digits" in wanted and now.get("int_max_str_digits") != wanted["int_max_str_digits"]:
+        sys.set_int_max_str_digits(wanted["int_max_str_digits"])
+
+
+# -- time zone -----------------------------------------------------------------------
+
+
+def _zone_now() -> list[Any]:
+    return [list(time.tzname), time.timezone, time.altzone, time.daylight]
+
+
+def time_zone_get() -> dict[str, Any]:
+    """The zone ``time.tzset`` applied and the ``TZ`` it read, if not the process's own."""
+    zone = _zone_now()
+    if zone == _baseline("zone"):
+        return {}
+    return {"TZ": os.environ.get("TZ"), "zone": zone}
+
+
+def time_zone_put(snapshot: dict[str, Any]) -> None:
+    wanted_zone = snapshot.get("zone", _baseline("zone"))
+    if _zone_now() == wanted_zone:
+        return
+    tz = snapshot["TZ"] if snapshot else _baseline("TZ")
+    if tz is None:
+        os.environ.pop("TZ", None)
+    else:
+        os.environ["TZ"] = tz
+    time.tzset()
+
+
+# -- the root logger -----------------------------------------------------------------
+
+_STREAMS = ("stderr", "stdout")
+
+
+def _handler(handler: logging.Handler) -> tuple[Any, ...] | None:
+    """A handler as plain values, or None when it is not one `logging_put` can make again."""
+    formatter = handler.formatter
+    fmt = None
+    if formatter is not None:
+        if type(formatter) is not logging.Formatter:
+            return None
+        style_class: Any = type(formatter._style)
+        style = next((k for k, v in logging._STYLES.items() if style_class is v[0]), None)
+        if style is None:
+            return None
+        fmt = (formatter._fmt, formatter.datefmt, style)
+    if handler.filters:
+        return None
+    kind = type(handler)
+    if kind is logging.FileHandler:
+        assert isinstance(handler, logging.FileHandler)
+        target: Any = ("file", handler.baseFilename, handler.encoding)
+    elif kind is logging.StreamHandler:
+        stream = getattr(handler, "stream", None)
+        names = [n for n in _STREAMS if stream is getattr(sys, n) or stream is getattr(sys, f"__{n}__")]
+        if not names:
+            return None
+        target = ("stream", names[0])
+    else:
+        return None
+    return (target, handler.level, fmt)
+
+
+def _own(handler: logging.Handler) -> bool:
+    """Whether a root handler is the notebook's, not a test runner's capture (pytest adds
+    and removes its own around every test phase)."""
+    return not type(handler).__module__.startswith("_pytest")
+
+
+def _root_now() -> dict[str, Any]:
+    root = logging.getLogger()
+    handlers = [_handler(h) for h in root.handlers if _own(h)]
+    return {"level": root.level, "handlers": handlers, "filters": bool(root.filters)}
+
+
+def logging_get() -> dict[str, Any]:
+    """The root logger's level and handlers, if not as the process started.
+
+    A handler of another kind (a filter, a custom formatter, a rotating file) is
+    described as None, which makes the snapshot unstorable: the cell then always
+    runs, as it must when its effect cannot be made again.
+    """
+    now = _root_now()
+    if now == _baseline("logging"):
+        return {}
+    if now["filters"] or any(h is None for h in now["handlers"]):
+        root = logging.getLogger()
+        kinds = ",".join(f"{type(h).__module__}.{type(h).__qualname__}" for h in root.handlers if _own(h))
+        return {"unrestorable": _Unrestorable(f"level {root.level}, handlers {kinds}")}
+    return now
+
+
+class _Unrestorable:
+    """Refuses pickling, so a snapshot holding it cannot be stored; its repr (what the
+    digest reads) names the configuration, never an address."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __repr__(self) -> str:
+        return f"<logging configured: {self.what}>"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a logging handler that cannot be made again")
+
+
+def logging_put(snapshot: dict[str, Any]) -> None:
+    if "unrestorable" in snapshot:
+        return  # only ever captured in this process, never stored: nothing to make again
+    wanted = snapshot or _baseline("logging")
+    if _root_now() == wanted:
+        return
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if _own(h)]:
+        root.removeHandler(old)
+        old.close()  # as basicConfig(force=True) does: a file handler lets go of its file
+    for target, level, fmt in wanted["handlers"]:
+        if target[0] == "file":
+            handler: logging.Handler = logging.FileHandler(target[1], mode="a", encoding=target[2])
+        else:
+            handler = logging.StreamHandler(getattr(sys, target[1]))
+        handler.setLevel(level)
+        if fmt is not None:
+            handler.setFormatter(logging.Formatter(fmt[0], fmt[1], style=fmt[2]))
+        root.addHandler(handler)
+    root.setLevel(wanted["level"])
