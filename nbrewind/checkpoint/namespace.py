@@ -213,6 +213,7 @@ class LazyNamespace(dict[str, Any]):
 
 def _forget_instance(key: int, _ref: object) -> None:
     _live.pop(key, None)
+    _disarm()  # a namespace dropped with names still pending no longer needs the hook
 
 
 def _missing(self: LazyNamespace, key: str) -> Any:
