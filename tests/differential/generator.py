@@ -9,7 +9,8 @@ one kind of state NBRewind must carry (aliasing, mutation through notebook
 functions, RNGs, files, exceptions, `del`, redefinitions, globals read by
 helpers, closures and defaults, environment variables, in-place changes static
 analysis cannot see, library settings, directory listings and file metadata,
-numpy views, class attribute order and weak references). Fragments use names
+numpy views, class attribute order and weak references, cached functions, memory-mapped
+files, unstorable values made in pairs, and process state such as the umask). Fragments use names
 suffixed with their index so two of them never collide; their cells are
 interleaved in a seeded order that keeps each fragment's own order.
 
@@ -679,6 +680,148 @@ def rebinds(rng: random.Random, s: str) -> Fragment:
     return Fragment("rebinds", cells, edits)
 
 
+def cached(rng: random.Random, s: str) -> Fragment:
+    """A notebook function under `functools.lru_cache` / `functools.cache` that reads a
+    global: called, the global changed, called again (the cache answers as it was filled
+    then), its `cache_info()` printed. The cache is state no pickle reaches, and the
+    wrapper pickles by reference to `__main__`."""
+    k, j = _ints(rng, 2)
+    later = _other(rng, k)
+    deco = rng.choice(["@functools.lru_cache", "@functools.lru_cache(maxsize=2)", "@functools.cache"])
+
+    def body(expr: str) -> str:
+        return f"{deco}\ndef f{s}(x):\n    return {expr}"
+
+    cells = [
+        f"import functools\nK{s} = {k}",
+        body(f"x * K{s}"),
+        f"a{s} = f{s}({j})\nprint(a{s})",
+        f"K{s} = {later}",
+        f"b{s} = f{s}({j}) + f{s}({j + 1})\nprint(b{s}, f{s}.cache_info())",
+        f"print('later', f{s}({j}), a{s}, b{s}, f{s}.cache_info())",
+    ]
+    edits = [
+        Edit("cached-global", 0, f"import functools\nK{s} = {_other(rng, k)}"),
+        Edit("cached-body", 1, body(f"x * K{s} + 1")),
+        Edit("cached-first-call", 2, f"a{s} = f{s}({j + 2})\nprint(a{s})"),
+        Edit("cached-second-global", 3, f"K{s} = {_other(rng, later)}"),
+        Edit("cached-reader", 5, f"print('now', f{s}({j}), a{s}, b{s}, f{s}.cache_info())"),
+    ]
+    return Fragment("cached", cells, edits)
+
+
+def memmaps(rng: random.Random, s: str) -> Fragment:
+    """A `numpy.memmap` on a file, opened in one cell and written through (whole, or
+    through a view of it) in later ones: writes that reach the file with no `open`; the
+    file read back between and after, the map dropped at the end."""
+    n = rng.randint(3, 6)
+    v1, v2 = _ints(rng, 2)
+    through_view = random.Random(f"memmaps|{s}|{n}|{v1}").random() < 0.4
+    target = f"w{s}" if through_view else f"mm{s}"
+    opened = f"mm{s} = np.load('m{s}.npy', mmap_mode='r+')" + (f"\nw{s} = mm{s}[1:]" if through_view else "")
+
+    def write(index: int, value: int, op: str = "=") -> str:
+        return f"{target}[{index}] {op} {value}\nmm{s}.flush()"
+
+    reader = f"print(np.load('m{s}.npy'))"
+    cells = [
+        f"import numpy as np\nnp.save('m{s}.npy', np.arange({n}, dtype=float))",
+        opened,
+        write(0, v1),
+        reader,
+        write(1, v2, "+=") + f"\nprint(float(mm{s}.sum()))",
+        reader.replace("print(", "print('after', "),
+        f"del mm{s}" + (f", w{s}" if through_view else ""),
+    ]
+    edits = [
+        Edit("memmap-file", 0, f"import numpy as np\nnp.save('m{s}.npy', np.arange({n}, dtype=float) * 2)"),
+        Edit("memmap-first-write", 2, write(0, _other(rng, v1))),
+        Edit("memmap-second-write", 4, write(1, _other(rng, v2), "+=") + f"\nprint(float(mm{s}.sum()))"),
+        Edit("memmap-reader", 5, reader.replace("print(", "print('later', ")),
+    ]
+    return Fragment("memmaps", cells, edits)
+
+
+def twins(rng: random.Random, s: str) -> Fragment:
+    """Two values that cannot be stored, of one type, made by one cell (two file
+    objects, or two locks) and used apart by later cells: brought back, each must be
+    itself, not one of them twice. Writes are flushed: a cell that flushes a write by
+    closing the file and then reads it records what it read after its own flush, which
+    the file before it never holds, so it would run after any edit (see the handles
+    family for unflushed writes read by a later cell)."""
+    w1, w2 = rng.sample(["red", "green", "blue", "gold"], 2)
+    if rng.random() < 0.5:
+        cells = [
+            f"a{s} = open('a{s}.txt', 'w')\nb{s} = open('b{s}.txt', 'w')",
+            f"a{s}.write('{w1}')\na{s}.flush()",
+            f"b{s}.write('{w2}')\nb{s}.flush()",
+            f"a{s}.close()\nb{s}.close()\nwith open('a{s}.txt') as fa, open('b{s}.txt') as fb:\n"
+            f"    print(fa.read(), fb.read())\ndel a{s}, b{s}, fa, fb",
+        ]
+        edits = [
+            Edit("twins-first", 1, f"a{s}.write('{w2}')\na{s}.flush()"),
+            Edit("twins-second", 2, f"b{s}.write('{w1}')\nb{s}.flush()"),
+            Edit("twins-reader", 3, cells[3].replace("print(", "print('files', ")),
+        ]
+    else:
+        cells = [
+            f"import threading\nl1{s} = threading.Lock()\nl2{s} = threading.Lock()",
+            f"l1{s}.acquire()",
+            f"print('{w1}', l1{s}.locked(), l2{s}.locked())",
+            f"l1{s}.release()\nl2{s}.acquire()\nprint(l1{s}.locked(), l2{s}.locked())\nl2{s}.release()\ndel l1{s}, l2{s}",
+        ]
+        edits = [
+            Edit("twins-first", 2, f"print('{w2}', l1{s}.locked(), l2{s}.locked())"),
+            Edit("twins-reader", 3, cells[3].replace("print(", "print('locks', ")),
+        ]
+    return Fragment("twins", cells, edits)
+
+
+def process(rng: random.Random, s: str) -> Fragment:
+    """Process state a cell changes for the cells after it, held by no variable: the
+    recursion limit, the umask, the int-to-str digit limit, the time zone (`TZ` and
+    `time.tzset`). The last cell puts the process's own value back: later runs in the
+    same process start from it."""
+    # The root logger's kind runs on kernels only (patterns.py): an in-process shell swaps
+    # sys.stderr for every cell, so a handler made by one cell writes nowhere later.
+    kind = rng.choice(["recursion", "umask", "digits", "zone"])
+    if kind == "recursion":
+        low, high = rng.choice([120, 150, 180]), rng.choice([2000, 2500])
+        depth = rng.randint(250, 400)
+        setter = lambda v: f"import sys\nold{s} = sys.getrecursionlimit()\nsys.setrecursionlimit({v})"  # noqa: E731
+        reader = (
+            f"try:\n    print('depth', d{s}({depth}))\nexcept RecursionError:\n    print('too deep')"
+        )
+        cells = [
+            setter(low),
+            f"def d{s}(n):\n    return 0 if n == 0 else 1 + d{s}(n - 1)",
+            reader,
+            f"sys.setrecursionlimit(old{s})",
+        ]
+        edits = [Edit("recursion-limit", 0, setter(high)), Edit("recursion-reader", 2, reader.replace("'depth'", "'deep'"))]
+    elif kind == "umask":
+        mask, other = rng.sample(["0o077", "0o027", "0o007"], 2)
+        reader = (
+            f"import stat\nopen('u{s}.txt', 'w').close()\nprint(oct(stat.S_IMODE(os.stat('u{s}.txt').st_mode)))\nos.remove('u{s}.txt')"
+        )
+        cells = [f"import os\nold{s} = os.umask({mask})", reader, f"os.umask(old{s})"]
+        edits = [Edit("umask-value", 0, f"import os\nold{s} = os.umask({other})"), Edit("umask-reader", 1, reader.replace("print(", "print('mode', "))]
+    elif kind == "digits":
+        low, high = rng.choice([640, 1000]), 5000
+        power = rng.randint(1100, 3000)
+        reader = f"try:\n    print('digits', len(str(10 ** {power})))\nexcept ValueError:\n    print('too long')"
+        setter = lambda v: f"import sys\nold{s} = sys.get_int_max_str_digits()\nsys.set_int_max_str_digits({v})"  # noqa: E731
+        cells = [setter(low), reader, f"sys.set_int_max_str_digits(old{s})"]
+        edits = [Edit("digits-limit", 0, setter(high)), Edit("digits-reader", 1, reader.replace("'digits'", "'length'"))]
+    else:
+        zone, other = rng.sample(["Asia/Tokyo", "America/New_York", "Europe/Paris"], 2)
+        setter = lambda z: f"import os, time\nos.environ['TZ'] = '{z}'\ntime.tzset()"  # noqa: E731
+        reader = f"print('hour', time.strftime('%H', time.localtime({rng.randint(0, 10**6)})))"
+        cells = [setter(zone), reader, "del os.environ['TZ']\ntime.tzset()"]
+        edits = [Edit("zone-value", 0, setter(other)), Edit("zone-reader", 1, reader.replace("'hour'", "'at'"))]
+    return Fragment("process", cells, edits)
+
+
 FAMILIES: dict[str, FragmentMaker] = {
     "alias": alias,
     "mutfunc": mutfunc,
@@ -697,6 +840,10 @@ FAMILIES: dict[str, FragmentMaker] = {
     "handles": handles,
     "views": views,
     "rebinds": rebinds,
+    "cached": cached,
+    "memmaps": memmaps,
+    "twins": twins,
+    "process": process,
 }
 
 

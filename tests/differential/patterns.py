@@ -20,8 +20,9 @@ it purges modules loaded from any pattern working directory, invalidates the
 import caches, stops bytecode writing (no ``__pycache__`` in the compared
 files, no stale ``.pyc``), and resets pandas options, numpy print/error
 options, matplotlib rcParams, dask.config, ``sys.path`` (with ``''`` first, as
-ipykernel has it), ``warnings.filters`` (Python's own defaults) and the
-decimal context, before the run and again after it.
+ipykernel has it), ``warnings.filters`` (Python's own defaults), the
+decimal context, the recursion and int-to-str digit limits, the umask and the
+time zone, before the run and again after it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import importlib
 import os
 import sqlite3
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -833,6 +835,68 @@ PATTERNS: list[Pattern] = [
         files_repeat={"in.txt": "4 5 6\n"},
         inprocess=False,
     ),
+    # -- Class 6: state outside variables that no pickle reaches ---------------
+    pattern(
+        "lru_cache_reads_a_changed_global",
+        "a notebook function under functools.lru_cache answers f(1) from its cache after K changed; "
+        "restored with an empty cache it computes 3 instead of 2 (and the wrapper pickled by reference "
+        "to __main__ could not be loaded at all: NameError)",
+        ["import functools\nK = 1\n@functools.lru_cache\ndef f(x):\n    return x + K", "print(f(1))", "K = 2", "print(f(1))"],
+        edit={3: "print('again', f(1), f.cache_info())"},
+    ),
+    pattern(
+        "two_handles_one_cell",
+        "two file objects opened by one cell and written by later ones: brought back as one object, "
+        "both words land in one file ('' and '12' instead of '1' and '2')",
+        ["f1 = open('a.txt', 'w')\nf2 = open('b.txt', 'w')", "f1.write('1')\nf1.flush()\nf2.write('2')\nf2.flush()",
+         "f1.close()\nf2.close()\nwith open('a.txt') as fa, open('b.txt') as fb:\n    print(fa.read(), fb.read())\ndel f1, f2, fa, fb"],
+        edit={2: "f1.close()\nf2.close()\nwith open('a.txt') as fa, open('b.txt') as fb:\n    print('a b', fa.read(), fb.read())\ndel f1, f2, fa, fb"},
+    ),
+    pattern(
+        "two_locks_one_cell",
+        "two locks made by one cell, one acquired later: brought back as one object, both show locked",
+        ["import threading\nl1 = threading.Lock()\nl2 = threading.Lock()", "l1.acquire()", "print(l1.locked(), l2.locked())\nl1.release()"],
+        edit={2: "print('locks', l1.locked(), l2.locked())\nl1.release()"},
+    ),
+    pattern(
+        "memmap_written_through",
+        "writes through a numpy.memmap reach the file with no open(): restored as a plain array, the "
+        "edited write never reaches d.npy and the reader shows [0. 0. 0.] instead of [8. 0. 0.]",
+        ["import numpy as np\nnp.save('d.npy', np.zeros(3))", "m = np.load('d.npy', mmap_mode='r+')", "m[0] = 7\nm.flush()",
+         "print(np.load('d.npy'))\ndel m"],
+        edit={2: "m[0] = 8\nm.flush()"},
+    ),
+    pattern(
+        "recursion_limit_set_by_a_replayed_cell",
+        "sys.setrecursionlimit(150) in a replayed cell: a later cell that runs must still hit the limit "
+        "(the repeat printed 'depth 400' where a fresh run says 'too deep')",
+        ["import sys\nsys.setrecursionlimit(150)", "def f(n):\n    return 0 if n == 0 else 1 + f(n - 1)",
+         "try:\n    print(f(400))\nexcept RecursionError:\n    print('too deep')\nsys.setrecursionlimit(3000)"],
+        edit={2: "try:\n    print('depth', f(400))\nexcept RecursionError:\n    print('too deep!')\nsys.setrecursionlimit(3000)"},
+    ),
+    pattern(
+        "umask_set_by_a_replayed_cell",
+        "os.umask(0o077) in a replayed cell: a file a later cell creates must be 0o600, not 0o644",
+        ["import os, stat\nold = os.umask(0o077)",
+         "open('f.txt', 'w').close()\nprint(oct(stat.S_IMODE(os.stat('f.txt').st_mode)))\nos.umask(old)"],
+        edit={1: "open('f.txt', 'w').close()\nprint('mode', oct(stat.S_IMODE(os.stat('f.txt').st_mode)))\nos.umask(old)"},
+    ),
+    pattern(
+        "time_zone_set_by_a_replayed_cell",
+        "TZ set and time.tzset() called in a replayed cell: a later cell's localtime must be Tokyo's (09), not UTC's (00)",
+        ["import os, time\nos.environ['TZ'] = 'Asia/Tokyo'\ntime.tzset()",
+         "print(time.strftime('%H', time.localtime(0)))\ndel os.environ['TZ']\ntime.tzset()"],
+        edit={1: "print('hour', time.strftime('%H', time.localtime(0)))\ndel os.environ['TZ']\ntime.tzset()"},
+    ),
+    pattern(
+        "logging_basic_config_by_a_replayed_cell",
+        "logging.basicConfig(level=INFO) in a replayed cell: a later cell's logging.info must still print. "
+        "Kernel tier only: an in-process shell gives every cell its own sys.stderr",
+        ["import logging\nlogging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s', force=True)",
+         "logging.info('hello')"],
+        edit={1: "logging.info('hello again')"},
+        inprocess=False,
+    ),
 ]
 
 BY_NAME: dict[str, Pattern] = {p.name: p for p in PATTERNS}
@@ -860,6 +924,11 @@ KERNEL_PATTERNS: list[str] = [
     "distributed_local_cluster_file",
     "handle_brought_back_after_replayed_writes",
     "handle_on_a_file_no_cell_wrote_brought_back",
+    "lru_cache_reads_a_changed_global",
+    "two_handles_one_cell",
+    "memmap_written_through",
+    "umask_set_by_a_replayed_cell",
+    "logging_basic_config_by_a_replayed_cell",
 ]
 
 
@@ -886,6 +955,11 @@ _BASE_SYS_PATH = ["", *(p for p in sys.path if p != "")]
 _BASE_FILTERS = _python_default_filters()
 _BASE_DASK_CONFIG = copy.deepcopy(dask.config.config)
 _BASE_NP_PRINT = np.get_printoptions()
+_BASE_RECURSION = sys.getrecursionlimit()
+_BASE_DIGITS = sys.get_int_max_str_digits()
+_BASE_UMASK = os.umask(0o022)
+os.umask(_BASE_UMASK)
+_BASE_TZ = os.environ.get("TZ")
 
 
 def _under(path: Any, workdir: str) -> bool:
@@ -925,6 +999,15 @@ def reset_library_settings() -> None:
     dask.config.config.clear()
     dask.config.config.update(copy.deepcopy(_BASE_DASK_CONFIG))
     decimal.setcontext(decimal.Context())
+    sys.setrecursionlimit(_BASE_RECURSION)
+    sys.set_int_max_str_digits(_BASE_DIGITS)
+    os.umask(_BASE_UMASK)
+    if os.environ.get("TZ") != _BASE_TZ:
+        if _BASE_TZ is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = _BASE_TZ
+    time.tzset()
 
 
 @contextlib.contextmanager
