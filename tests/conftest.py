@@ -41,8 +41,16 @@ def _isolated_trust(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def _lost_workers_come_back() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DASK_DISTRIBUTED__DEPLOY__LOST_WORKER_TIMEOUT", LOST_WORKER_TIMEOUT)
-        with dask.config.set({"distributed.deploy.lost-worker-timeout": LOST_WORKER_TIMEOUT}):
-            yield
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _lost_workers_come_back_in_this_process() -> Iterator[None]:
+    # Set for every test, not once: the in-process differential runs put dask.config back
+    # to what it was when they were imported (before any fixture), and a replayed cell
+    # restores the config its notebook had.
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": LOST_WORKER_TIMEOUT}):
+        yield
 
 
 @pytest.fixture(autouse=True)
