@@ -20,6 +20,9 @@ that :mod:`nbrewind.checkpoint.serialize`'s pickler returns from
   :func:`reduce_weakref` rebuilds a reference to the referent restored in the
   same pickle, weak containers are rebuilt from their live items, and
   proxies are refused (:class:`Unrestorable`).
+* instances of notebook classes with their own pickling hooks (``__getstate__``
+  dropping a cache, ``__reduce__``) are stored whole by
+  :mod:`nbrewind.checkpoint.own_state`.
 
 numpy is never imported here: only values the notebook already made can be
 numpy arrays, so the module is looked up in ``sys.modules`` when needed.

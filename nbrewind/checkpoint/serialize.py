@@ -40,6 +40,7 @@ from nbrewind.checkpoint.functions import (
 )
 from nbrewind.checkpoint.live import LiveResource, live_instance_name, live_resource_name, qualified_name
 from nbrewind.checkpoint.loading import OwningUnpickler, is_fresh_bytes_array, is_writable
+from nbrewind.checkpoint.own_state import own_state_base, own_state_reduce, user_class
 from nbrewind.checkpoint.reducers import (
     WEAK_REDUCERS,
     ArrayViews,
@@ -142,6 +143,7 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle has no
         super().__init__(*args, **kwargs)
         self._for_digest = for_digest
         self._views = views
+        self._own_state: dict[type, type | None] = {}
 
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
@@ -155,6 +157,12 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle has no
             raise LiveResource(name)
         if kind is types.FunctionType and is_notebook_code(obj):
             return reduce_notebook_function(obj, self._for_digest)
+        try:
+            base = self._own_state[kind]
+        except KeyError:
+            base = self._own_state[kind] = own_state_base(kind, user_class)
+        if base is not None:
+            return own_state_reduce(obj, base)
         weak = WEAK_REDUCERS.get(kind)
         if weak is not None:
             return weak(obj)

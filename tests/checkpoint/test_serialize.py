@@ -286,11 +286,17 @@ def test_live_resource_detection_keeps_in_memory_streams() -> None:
 
 
 def test_failing_reduce_is_data_but_keyboard_interrupt_propagates() -> None:
+    # Classes of a library (this file would count as the user's own module, whose classes
+    # are stored whole without their hooks: see test_own_pickling.py).
     class Broken:
+        __module__ = "nbr_some_library"
+
         def __reduce__(self) -> tuple[object, ...]:
             raise ValueError("no state")
 
     class Interrupting:
+        __module__ = "nbr_some_library"
+
         def __reduce__(self) -> tuple[object, ...]:
             raise KeyboardInterrupt
 
