@@ -20,12 +20,14 @@ import collections
 import datetime
 import enum
 import functools
+import itertools
 import pathlib
 import re
 import sys
 import types
 import weakref
 from collections.abc import Callable
+from typing import Any
 from enum import Enum
 
 # Top-level packages whose objects are leaves: indexed by their own identity,
@@ -37,6 +39,10 @@ LEAF_PACKAGES = frozenset({"numpy", "pandas", "pyarrow", "polars", "dask", "dist
 # coincidence (interning, constants of one code object). Longer ones are, so
 # that a restore does not duplicate a large buffer two names shared.
 MIN_INDEXED_TEXT = 1024
+
+# Elements of a numpy object array never walked: immutable, so sharing one with another
+# name changes nothing a cell can see but `is` (strings too, long or not).
+_ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes})
 
 _NOT_INDEXED_TYPES = (
     type(None),
@@ -179,6 +185,9 @@ class _Walker:
                     base = parent
                 if base is not None:
                     visit(id(base))
+                if getattr(getattr(obj, "dtype", None), "kind", "") == "O" and depth < self.max_depth:
+                    # An object array holds references: a list in it can be another name's value.
+                    stack.extend(self._held(obj, depth + 1, self.max_objects - count))
                 continue
             if depth >= self.max_depth:
                 self.truncated = True
@@ -190,6 +199,16 @@ class _Walker:
                 # what later cells do to the class itself (`C.f = ...`).
                 children.append(tp)
             stack.extend((child, depth + 1) for child in children)
+
+
+    @staticmethod
+    def _held(array: Any, depth: int, budget: int) -> list[tuple[object, int]]:
+        """The elements of an object array that can be shared with another name (at most
+        `budget` + 1 of them): immutable atoms are left out, in C where the array holds only those."""
+        items = array.ravel().tolist()
+        if set(map(type, items)) <= _ATOMS:
+            return []
+        return [(item, depth) for item in itertools.islice((i for i in items if type(i) not in _ATOMS), budget + 1)]
 
 
 def _builtin_self(obj: object) -> object:

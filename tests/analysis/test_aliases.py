@@ -75,6 +75,21 @@ def test_array_inside_a_container_groups_with_the_array() -> None:
     assert groups_of(ns) == {frozenset({"a", "cfg"})}
 
 
+def test_object_array_groups_with_what_its_elements_are() -> None:
+    shared = [1]
+    grid = np.empty((2, 2), dtype=object)
+    grid[0, 0], grid[1, 1] = shared, "x"
+    words = np.array(["a", "b" * 2000, 3, None], dtype=object)
+    ns: dict[str, object] = {"grid": grid, "l": shared, "words": words, "b": words[1], "alone": [1]}
+    assert groups_of(ns) == {frozenset({"grid", "l"}), frozenset({"words"}), frozenset({"b"}), frozenset({"alone"})}
+
+
+def test_a_large_object_array_reaches_the_list_it_holds_not_its_strings() -> None:
+    big = np.array([f"k{i}" for i in range(200_000)] + [[1]], dtype=object)
+    reach = reachable_ids(big)
+    assert id(big[-1]) in reach and len(reach) == 2
+
+
 def test_shared_small_values_and_singletons_do_not_glue() -> None:
     ns = notebook("a = [1, 'x', None, True, 2.5, ()]\nb = [1, 'x', None, True, 2.5, ()]\nn = 1\ns = 'x'")
     assert len(groups_of(ns)) == 4

@@ -66,6 +66,9 @@ class _Walker:
         numpy = sys.modules.get("numpy")
         if numpy is not None:
             if isinstance(value, numpy.ndarray):
+                if value.dtype.kind == "O":  # the bytes are pointers: what they point at, through the identity map
+                    items = tuple(self.canon(v, depth) for v in value.flat)
+                    return ("ndarray", value.dtype.str, value.shape, items, bool(value.flags.writeable))
                 return ("ndarray", value.dtype.str, value.shape, value.tobytes().hex(), bool(value.flags.writeable))
             if isinstance(value, numpy.generic):
                 return ("npscalar", value.dtype.str, repr(value))
