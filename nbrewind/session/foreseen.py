@@ -223,6 +223,15 @@ def _may_change_in_place(name: str, seen: Foreseen, ns: Any) -> bool:
 _ATOMS = (int, float, complex, str, bytes, bool, type(None))
 
 
+def _deleted_at_top_level(code: str) -> set[str]:
+    """Names a cell's own top-level `del` statements unbind (not those in a branch or loop)."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return set()
+    return {t.id for stmt in tree.body if isinstance(stmt, ast.Delete) for t in stmt.targets if isinstance(t, ast.Name)}
+
+
 def _literal_bindings(code: str) -> dict[str, Any] | None:
     """`{name: value}` when the cell only binds names to literal numbers, strings, booleans
     or None (a parameter cell), and shows names or literals; otherwise None."""
@@ -304,3 +313,9 @@ def after_running(cells: Cells, sure: bool, plan: CellPlan, seen: Foreseen, writ
     seen.bound -= touched
     for name in resources:
         seen.live[name] = frozenset() if sure else seen.live.get(name, frozenset()) | cells
+    if sure:
+        # A top-level `del` of a cell that runs leaves the name unbound: a later cell that
+        # reads every name (globals()) does not read it, nor an unstorable value it held.
+        for name in _deleted_at_top_level(plan.transformed or plan.code) - set(effects.writes):
+            seen.names.discard(name)
+            seen.entries.pop(name, None)
