@@ -3,8 +3,11 @@
 ``sys.setrecursionlimit(150)`` decides whether a later cell's recursion succeeds,
 ``os.umask(0o077)`` the mode of every file a later cell creates,
 ``sys.set_int_max_str_digits(640)`` whether ``str()`` of a big int raises,
-``time.tzset()`` (after setting ``TZ``) what ``time.localtime`` says, and
-``logging.basicConfig(level=logging.INFO)`` whether a later ``logging.info`` prints.
+``time.tzset()`` (after setting ``TZ``) what ``time.localtime`` says,
+``logging.basicConfig(level=logging.INFO)`` whether a later ``logging.info`` prints,
+``gc.disable()`` whether cyclic garbage is ever collected,
+``socket.setdefaulttimeout(5)`` how long a later connection may wait, and
+``locale.setlocale(locale.LC_ALL, "C.UTF-8")`` how later cells format and compare text.
 None of it is a variable, so a replayed cell that made such a change must make it
 again; `nbrewind.identity.settings` registers each as a `Setting`.
 
@@ -17,6 +20,8 @@ would keep a store from replaying anywhere else.
 
 from __future__ import annotations
 
+import gc
+import locale
 import logging
 import os
 import sys
@@ -24,7 +29,8 @@ import time
 from typing import Any
 
 __all__ = [
-    "interpreter_get", "interpreter_put", "logging_get", "logging_put", "note_baseline", "time_zone_get", "time_zone_put",
+    "interpreter_get", "interpreter_put", "locale_get", "locale_put", "logging_get", "logging_put", "note_baseline",
+    "socket_get", "socket_put", "time_zone_get", "time_zone_put",
 ]
 
 _BASELINE: dict[str, Any] | None = None
@@ -39,6 +45,8 @@ def note_baseline() -> None:
             "zone": _zone_now(),
             "TZ": os.environ.get("TZ"),
             "logging": _root_now(),
+            "socket": _socket_now(),
+            "locale": _locale_now(),
         }
 
 
@@ -65,14 +73,15 @@ def _umask() -> int:
 
 
 def _interpreter_now() -> dict[str, int]:
-    now = {"recursionlimit": sys.getrecursionlimit(), "umask": _umask()}
+    now = {"recursionlimit": sys.getrecursionlimit(), "umask": _umask(), "gc": int(gc.isenabled())}
     if hasattr(sys, "get_int_max_str_digits"):
         now["int_max_str_digits"] = sys.get_int_max_str_digits()
     return now
 
 
 def interpreter_get() -> dict[str, int]:
-    """The recursion limit, int-to-str digit limit and umask, where the notebook changed them."""
+    """The recursion limit, int-to-str digit limit, umask and whether the cyclic garbage
+    collector runs, where the notebook changed them."""
     start = _baseline("interpreter")
     return {k: v for k, v in _interpreter_now().items() if start.get(k) != v}
 
@@ -87,6 +96,49 @@ def interpreter_put(snapshot: dict[str, int]) -> None:
         os.umask(wanted["umask"])
     if "int_max_str_digits" in wanted and now.get("int_max_str_digits") != wanted["int_max_str_digits"]:
         sys.set_int_max_str_digits(wanted["int_max_str_digits"])
+    if now["gc"] != wanted.get("gc", now["gc"]):
+        if wanted["gc"]:
+            gc.enable()
+        else:
+            gc.disable()
+
+
+# -- socket default timeout, locale ----------------------------------------------------
+
+
+def _socket_now() -> float | None:
+    socket = sys.modules.get("socket")
+    return None if socket is None else socket.getdefaulttimeout()
+
+
+def socket_get() -> dict[str, float | None]:
+    """``socket.getdefaulttimeout()``, if the notebook changed it."""
+    now = _socket_now()
+    return {} if now == _baseline("socket") else {"timeout": now}
+
+
+def socket_put(snapshot: dict[str, float | None]) -> None:
+    import socket
+
+    wanted = snapshot["timeout"] if snapshot else _baseline("socket")
+    if socket.getdefaulttimeout() != wanted:
+        socket.setdefaulttimeout(wanted)
+
+
+def _locale_now() -> str:
+    return locale.setlocale(locale.LC_ALL)  # no second argument: a query, nothing is set
+
+
+def locale_get() -> dict[str, str]:
+    """The C library's locale (every category, as ``setlocale`` names it), if the notebook changed it."""
+    now = _locale_now()
+    return {} if now == _baseline("locale") else {"LC_ALL": now}
+
+
+def locale_put(snapshot: dict[str, str]) -> None:
+    wanted = snapshot["LC_ALL"] if snapshot else _baseline("locale")
+    if _locale_now() != wanted:
+        locale.setlocale(locale.LC_ALL, wanted)
 
 
 # -- time zone -----------------------------------------------------------------------

@@ -8,9 +8,12 @@ the root logger) and puts it back in a `finally`, so the rest of the run is unaf
 from __future__ import annotations
 
 import functools
+import gc
+import locale
 import logging
 import os
 import pickle
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -35,9 +38,14 @@ def _process_state_put_back() -> Iterator[None]:
     tz = os.environ.get("TZ")
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
+    collecting, timeout, lc_all = gc.isenabled(), socket.getdefaulttimeout(), locale.setlocale(locale.LC_ALL)
     try:
         yield
     finally:
+        if collecting:
+            gc.enable()
+        socket.setdefaulttimeout(timeout)
+        locale.setlocale(locale.LC_ALL, lc_all)
         sys.setrecursionlimit(limit)
         sys.set_int_max_str_digits(digits)
         os.umask(mask)
@@ -66,6 +74,8 @@ def test_unchanged_process_state_is_an_empty_snapshot() -> None:
     assert interpreter.interpreter_get() == {}
     assert interpreter.time_zone_get() == {}
     assert interpreter.logging_get() == {}
+    assert interpreter.socket_get() == {}
+    assert interpreter.locale_get() == {}
 
 
 def test_interpreter_limits_and_umask_round_trip() -> None:
@@ -88,6 +98,27 @@ def test_interpreter_limits_and_umask_round_trip() -> None:
     # And an empty snapshot means the process's own values again.
     interpreter.interpreter_put({})
     assert sys.getrecursionlimit() == old_limit and interpreter.interpreter_get() == {}
+
+
+def test_garbage_collector_socket_timeout_and_locale_round_trip() -> None:
+    other = "C" if locale.setlocale(locale.LC_ALL) != "C" else "C.UTF-8"
+    gc.disable()
+    socket.setdefaulttimeout(5.5)
+    locale.setlocale(locale.LC_ALL, other)
+    snapshots = pickle.loads(pickle.dumps(capture_settings(["interpreter", "socket", "locale"])))
+    assert snapshots["interpreter"] == {"gc": 0}
+    assert snapshots["socket"] == {"timeout": 5.5}
+    assert snapshots["locale"] == {"LC_ALL": locale.setlocale(locale.LC_ALL)}
+    interpreter.interpreter_put({})
+    interpreter.socket_put({})
+    interpreter.locale_put({})
+    assert gc.isenabled() and socket.getdefaulttimeout() is None
+    assert interpreter.locale_get() == {}
+    interpreter.interpreter_put(snapshots["interpreter"])
+    interpreter.socket_put(snapshots["socket"])
+    interpreter.locale_put(snapshots["locale"])
+    assert not gc.isenabled() and socket.getdefaulttimeout() == 5.5
+    assert interpreter.locale_get() == snapshots["locale"]
 
 
 def test_time_zone_round_trip() -> None:
