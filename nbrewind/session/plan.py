@@ -14,6 +14,7 @@ from nbrewind.analysis import CellEffects, RecordedReads
 from nbrewind.analysis.uses import Use
 from nbrewind.checkpoint.draws import DrawWatch
 from nbrewind.checkpoint.namespace import LazyNamespace
+from nbrewind.session.patches import PatchWatch
 from nbrewind.session.pseudo import ABSENT
 from nbrewind.session.state import READS, Entry
 from nbrewind.store.catalog import CellRun
@@ -59,6 +60,8 @@ class CellPlan:
     outside_before: dict[str, str] = field(default_factory=dict)
     uses: dict[str, list[Use]] | None = None
     module_bindings: dict[str, dict[str, int]] = field(default_factory=dict)
+    patch_watch: PatchWatch | None = None
+    """Library modules and classes the cell may patch, as they were before it ran."""
 
 
 @dataclass

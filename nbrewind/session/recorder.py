@@ -26,7 +26,7 @@ from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.outputs import encode_outputs
 from nbrewind.checkpoint.serialize import Unserializable
 from nbrewind.checkpoint.values import stage_group, stage_json
-from nbrewind.session import outside, pseudo, purity
+from nbrewind.session import outside, patches, pseudo, purity
 from nbrewind.session.filerecord import Draft, WrittenFiles
 from nbrewind.session.keys import user_names
 from nbrewind.session.plan import CellPlan, LastCell, Paths, RngLedger, env_key, reply_record, run_status
@@ -95,6 +95,7 @@ class Recorder:
         plan.outside_before = self._outside.before()
         if plan.effects is not None and plan.effects.mutated:
             plan.module_bindings = outside.bindings(outside.installed_modules(plan.effects.mutated, ns))
+        plan.patch_watch = patches.watch(plan.transformed, ns, plan.reads)
         plan.inputs.update(plan.outside_before)
         plan.uses = name_uses(plan.transformed)  # only a cell that runs needs them
         plan.started = time.perf_counter()
@@ -143,6 +144,7 @@ class Recorder:
         # Hidden state: RNGs, files, environment, working directory.
         self._add_rngs(plan, draft)
         self._written.add(plan, draft)
+        outside.note_impure(draft.inputs, patches.patched(plan.patch_watch, self._shell.user_ns))
         self._pin_unrestorable_updates(plan, draft)
         self._add_env_and_cwd(plan, draft)
         self._state.entries.update({k: v for k, v in draft.changed.items() if pseudo.is_pseudo(k)})
