@@ -10,7 +10,8 @@ functions, RNGs, files, exceptions, `del`, redefinitions, globals read by
 helpers, closures and defaults, environment variables, in-place changes static
 analysis cannot see, library settings, directory listings and file metadata,
 numpy views, class attribute order and weak references, cached functions, memory-mapped
-files, unstorable values made in pairs, and process state such as the umask). Fragments use names
+files, unstorable values made in pairs, process state such as the umask, instances of
+classes with their own pickling hooks, and object arrays). Fragments use names
 suffixed with their index so two of them never collide; their cells are
 interleaved in a seeded order that keeps each fragment's own order.
 
@@ -780,11 +781,11 @@ def twins(rng: random.Random, s: str) -> Fragment:
 def process(rng: random.Random, s: str) -> Fragment:
     """Process state a cell changes for the cells after it, held by no variable: the
     recursion limit, the umask, the int-to-str digit limit, the time zone (`TZ` and
-    `time.tzset`). The last cell puts the process's own value back: later runs in the
+    `time.tzset`), the garbage collector, the default socket timeout, the locale. The last cell puts the process's own value back: later runs in the
     same process start from it."""
     # The root logger's kind runs on kernels only (patterns.py): an in-process shell swaps
     # sys.stderr for every cell, so a handler made by one cell writes nowhere later.
-    kind = rng.choice(["recursion", "umask", "digits", "zone"])
+    kind = rng.choice(["recursion", "umask", "digits", "zone", "collector", "timeout", "locale"])
     if kind == "recursion":
         low, high = rng.choice([120, 150, 180]), rng.choice([2000, 2500])
         depth = rng.randint(250, 400)
@@ -813,6 +814,21 @@ def process(rng: random.Random, s: str) -> Fragment:
         setter = lambda v: f"import sys\nold{s} = sys.get_int_max_str_digits()\nsys.set_int_max_str_digits({v})"  # noqa: E731
         cells = [setter(low), reader, f"sys.set_int_max_str_digits(old{s})"]
         edits = [Edit("digits-limit", 0, setter(high)), Edit("digits-reader", 1, reader.replace("'digits'", "'length'"))]
+    elif kind == "collector":
+        reader = f"import gc\nprint('collecting', gc.isenabled())"
+        cells = ["import gc\ngc.disable()", reader, "gc.enable()"]
+        edits = [Edit("collector-on", 0, "import gc\ngc.enable()"), Edit("collector-reader", 1, reader.replace("'collecting'", "'gc'"))]
+    elif kind == "timeout":
+        seconds, other = rng.sample([2.5, 5.0, 30.0], 2)
+        reader = "print('timeout', socket.getdefaulttimeout())"
+        cells = [f"import socket\nsocket.setdefaulttimeout({seconds})", reader, "socket.setdefaulttimeout(None)"]
+        edits = [Edit("timeout-value", 0, f"import socket\nsocket.setdefaulttimeout({other})"), Edit("timeout-reader", 1, reader.replace("'timeout'", "'wait'"))]
+    elif kind == "locale":
+        name, other = rng.sample(["C", "C.UTF-8", "POSIX"], 2)
+        reader = "print('ctype', locale.setlocale(locale.LC_CTYPE))"
+        cells = [f"import locale\nold{s} = locale.setlocale(locale.LC_ALL)\nlocale.setlocale(locale.LC_ALL, '{name}')", reader,
+                 f"locale.setlocale(locale.LC_ALL, old{s})"]
+        edits = [Edit("locale-value", 0, cells[0].replace(f"'{name}')", f"'{other}')")), Edit("locale-reader", 1, reader.replace("'ctype'", "'lc'"))]
     else:
         zone, other = rng.sample(["Asia/Tokyo", "America/New_York", "Europe/Paris"], 2)
         setter = lambda z: f"import os, time\nos.environ['TZ'] = '{z}'\ntime.tzset()"  # noqa: E731
@@ -820,6 +836,71 @@ def process(rng: random.Random, s: str) -> Fragment:
         cells = [setter(zone), reader, "del os.environ['TZ']\ntime.tzset()"]
         edits = [Edit("zone-value", 0, setter(other)), Edit("zone-reader", 1, reader.replace("'hour'", "'at'"))]
     return Fragment("process", cells, edits)
+
+
+def hooks(rng: random.Random, s: str) -> Fragment:
+    """An instance of a notebook class that pickles itself its own way (`__getstate__`
+    dropping a cache, `__reduce__` rebuilding from constructor arguments, slots with a
+    partial `__getstate__`, a list subclass whose `__getstate__` forgets its attributes):
+    the part its hook leaves out is changed by one cell and read by later ones."""
+    k, v1, v2 = _ints(rng, 3)
+    kind = rng.choice(["getstate", "reduce", "slots", "listsub"])
+    if kind == "getstate":
+        define = lambda m: (  # noqa: E731
+            f"class C{s}:\n    def __init__(self, n):\n        self.n = n * {m}\n        self.cache = None\n"
+            f"    def __getstate__(self):\n        return {{'n': self.n, 'cache': None}}"
+        )
+    elif kind == "reduce":
+        define = lambda m: (  # noqa: E731
+            f"class C{s}:\n    def __init__(self, n):\n        self.n = n * {m}\n        self.cache = n\n"
+            f"    def __reduce__(self):\n        return (C{s}, (self.n // {m},))"
+        )
+    elif kind == "slots":
+        define = lambda m: (  # noqa: E731
+            f"class C{s}:\n    __slots__ = ('n', 'cache')\n    def __init__(self, n):\n        self.n = n * {m}\n        self.cache = 0\n"
+            f"    def __getstate__(self):\n        return (None, {{'n': self.n}})"
+        )
+    else:
+        define = lambda m: (  # noqa: E731
+            f"class C{s}(list):\n    def __init__(self, n):\n        super().__init__(range(n % 4 + {m}))\n        self.n = n\n        self.cache = 0\n"
+            f"    def __getstate__(self):\n        return {{}}"
+        )
+    reader = f"print(o{s}.n, o{s}.cache)"
+    cells = [
+        define(2),
+        f"o{s} = C{s}({k})",
+        f"o{s}.cache = {v1}",
+        reader,
+        f"o{s}.cache += {v2}\nprint('sum', o{s}.cache)",
+        f"print('later', o{s}.cache, o{s}.n)",
+    ]
+    edits = [
+        Edit("hooks-class", 0, define(3)),
+        Edit("hooks-cache", 2, f"o{s}.cache = {_other(rng, v1)}"),
+        Edit("hooks-reader", 3, reader.replace("print(", "print('now', ")),
+        Edit("hooks-second", 4, f"o{s}.cache += {_other(rng, v2)}\nprint('sum', o{s}.cache)"),
+    ]
+    return Fragment("hooks", cells, edits)
+
+
+def objarrays(rng: random.Random, s: str) -> Fragment:
+    """A numpy object array holding a list that a name also holds: the list changed
+    through the name shows in the array, and `is` between the two stays true."""
+    a, v1, v2 = _ints(rng, 3)
+    cells = [
+        f"import numpy as np\nl{s} = [{a}]\nx{s} = np.empty(2, dtype=object)\nx{s}[0] = l{s}\nx{s}[1] = 'tail'",
+        f"l{s}.append({v1})",
+        f"print(x{s}[0], x{s}[0] is l{s})",
+        f"x{s}[0].append({v2})\nprint(l{s})",
+        f"print('later', x{s}, len(l{s}))",
+    ]
+    edits = [
+        Edit("objarrays-list", 0, cells[0].replace(f"[{a}]", f"[{_other(rng, a)}]")),
+        Edit("objarrays-append", 1, f"l{s}.append({_other(rng, v1)})"),
+        Edit("objarrays-reader", 2, f"print('same', x{s}[0] is l{s})"),
+        Edit("objarrays-through", 3, f"x{s}[0].append({_other(rng, v2)})\nprint(l{s})"),
+    ]
+    return Fragment("objarrays", cells, edits)
 
 
 FAMILIES: dict[str, FragmentMaker] = {
@@ -844,6 +925,8 @@ FAMILIES: dict[str, FragmentMaker] = {
     "memmaps": memmaps,
     "twins": twins,
     "process": process,
+    "hooks": hooks,
+    "objarrays": objarrays,
 }
 
 

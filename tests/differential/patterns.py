@@ -30,8 +30,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import decimal
+import gc
 import importlib
+import locale
 import os
+import socket
 import sqlite3
 import sys
 import time
@@ -897,6 +900,120 @@ PATTERNS: list[Pattern] = [
         edit={1: "logging.info('hello again')"},
         inprocess=False,
     ),
+    pattern(
+        "getstate_drops_a_changed_cache",
+        "a notebook class whose __getstate__ drops its cache: a digest of what the hook keeps misses the "
+        "edited cell's change, and the reader replays 1 where a fresh run prints 2",
+        ["class C:\n    def __init__(self):\n        self.n = 1\n        self.cache = None\n    def __getstate__(self):\n        d = dict(self.__dict__)\n        d['cache'] = None\n        return d", "c = C()", "c.cache = 1", "print(c.cache)"],
+        edit={2: "c.cache = 2"},
+    ),
+    pattern(
+        "getstate_cache_brought_back",
+        "restored through its __getstate__, the instance lost the cache a later cell prints (None, not 5)",
+        ["class C:\n    def __init__(self):\n        self.n = 1\n        self.cache = None\n    def __getstate__(self):\n        d = dict(self.__dict__)\n        d['cache'] = None\n        return d", "c = C()\nc.cache = 5", "print(c.cache)"],
+        edit={2: "print('cache', c.cache)"},
+    ),
+    pattern(
+        "reduce_from_constructor_arguments",
+        "a __reduce__ that rebuilds from the constructor argument recomputes b: the restore said 6, the notebook had 100",
+        ["class R:\n    def __init__(self, a):\n        self.a = a\n        self.b = a * 2\n    def __reduce__(self):\n        return (R, (self.a,))",
+         "r = R(3)\nr.b = 100", "print(r.b)"],
+        edit={2: "print('b', r.b)"},
+    ),
+    pattern(
+        "slots_with_a_partial_getstate",
+        "a __slots__ class whose __getstate__ keeps one slot: restored, the other slot was missing (AttributeError)",
+        ["class S:\n    __slots__ = ('a', 'b')\n    def __init__(self):\n        self.a = 1\n        self.b = 2\n    def __getstate__(self):\n        return (None, {'a': self.a})",
+         "s = S()\ns.b = 9", "print(s.a, s.b)"],
+        edit={2: "print('ab', s.a, s.b)"},
+    ),
+    pattern(
+        "frozen_dataclass_setstate",
+        "a frozen dataclass whose __setstate__ resets a field: restored, y was -1 where the notebook had 5",
+        ["from dataclasses import dataclass\n@dataclass(frozen=True)\nclass F:\n    x: int\n    y: int = 0\n    def __getstate__(self):\n        return {'x': self.x}\n"
+         "    def __setstate__(self, s):\n        object.__setattr__(self, 'x', s['x'])\n        object.__setattr__(self, 'y', -1)",
+         "f = F(1, 5)", "print(f)"],
+        edit={2: "print('f', f)"},
+    ),
+    pattern(
+        "list_subclass_getstate_forgets_its_tag",
+        "a list subclass whose __getstate__ returns {}: the tag changed by the edited cell was not in the digest, "
+        "and the reader replayed 3 where a fresh run prints 4",
+        ["class LL(list):\n    def __init__(self, *a):\n        super().__init__(*a)\n        self.tag = 0\n    def __getstate__(self):\n        return {}",
+         "l = LL([1, 2])", "l.tag = 3", "print(l, l.tag)"],
+        edit={2: "l.tag = 4"},
+    ),
+    pattern(
+        "dict_subclass_reduce_forgets_its_items",
+        "a dict subclass whose __reduce__ rebuilds it empty: the edited item was not in the digest (stale {'a': 2})",
+        ["class DD(dict):\n    def __reduce__(self):\n        return (DD, ())", "d = DD(a=1)", "d['a'] = 2", "print(d)"],
+        edit={2: "d['a'] = 3"},
+    ),
+    pattern(
+        "local_module_class_getstate",
+        "a class from a module beside the notebook whose __getstate__ drops its cache: the reader replayed 1, not 2",
+        ["from shapes import Box", "b = Box()", "b.cache = 1", "print(b.cache)"],
+        edit={2: "b.cache = 2"},
+        files={"shapes.py": "class Box:\n    def __init__(self):\n        self.cache = 0\n    def __getstate__(self):\n        return {'cache': 0}\n"},
+    ),
+    pattern(
+        "object_array_holds_a_list",
+        "a numpy object array holding a list another name holds: the list changed through the name after an edit "
+        "came back in the array as it was before ([1] False, not [1, 3] True)",
+        ["import numpy as np\nl = [1]\na = np.empty(2, dtype=object)\na[0] = l\na[1] = 'x'", "l.append(2)", "print(a[0], a[0] is l)"],
+        edit={1: "l.append(3)"},
+    ),
+    pattern(
+        "library_module_attribute_patched",
+        "math.tau = 6 in a replayed cell: a replay left math as it was, and a later cell printed 6.283... where a "
+        "fresh run prints 6. Kernel tier only: in-process runs share one math module",
+        ["import math\nmath.tau = 6", "print(math.tau)"],
+        edit={1: "print('tau', math.tau)"},
+        inprocess=False,
+        replays=(),  # the patching cell always runs
+    ),
+    pattern(
+        "library_class_method_added",
+        "a method added to collections.Counter by a replayed cell: the later cell that calls it raised AttributeError",
+        ["import collections\ncollections.Counter.total2 = lambda self: sum(self.values())",
+         "c = collections.Counter('aab')\nprint(c.total2())"],
+        edit={1: "c = collections.Counter('aab')\nprint('t', c.total2())"},
+        inprocess=False,
+        replays=(),  # the patching cell always runs
+    ),
+    pattern(
+        "setattr_on_a_library_class_imported_earlier",
+        "setattr(fractions.Fraction, 'half', ...) in a replayed cell, fractions imported by an earlier cell",
+        ["import fractions", "setattr(fractions.Fraction, 'half', lambda self: self / 2)", "print(fractions.Fraction(1, 3).half())"],
+        edit={2: "print('h', fractions.Fraction(1, 3).half())"},
+        inprocess=False,
+        replays=(0,),  # the import replays; the patching cell always runs
+    ),
+    pattern(
+        "pandas_accessor_registered_by_a_replayed_cell",
+        "@pd.api.extensions.register_dataframe_accessor in a replayed cell: the accessor was missing when a "
+        "later cell used it ('DataFrame' object has no attribute 'geo')",
+        ["import pandas as pd\n@pd.api.extensions.register_dataframe_accessor('geo')\nclass Geo:\n    def __init__(self, df):\n"
+         "        self._df = df\n    def center(self):\n        return float(self._df['x'].mean())",
+         "print(pd.DataFrame({'x': [1.0, 3.0]}).geo.center())"],
+        edit={1: "print('c', pd.DataFrame({'x': [1.0, 3.0]}).geo.center())"},
+        inprocess=False,
+        replays=(),  # the patching cell always runs
+    ),
+    pattern(
+        "collector_timeout_and_locale_set_by_a_replayed_cell",
+        "gc.disable(), socket.setdefaulttimeout(5) and setlocale(LC_ALL, 'C.UTF-8') in a replayed cell: a later "
+        "cell saw the collector on, no timeout and the C locale",
+        ["import gc, locale, socket\ngc.disable()\nsocket.setdefaulttimeout(5)\nlocale.setlocale(locale.LC_ALL, 'C.UTF-8')",
+         "print(gc.isenabled(), socket.getdefaulttimeout(), locale.setlocale(locale.LC_CTYPE))"],
+        edit={1: "print('now', gc.isenabled(), socket.getdefaulttimeout(), locale.setlocale(locale.LC_CTYPE))"},
+    ),
+    pattern(
+        "object_array_identity_restore",
+        "restored, an object array's element was a copy of the list the notebook also named (is: False)",
+        ["import numpy as np\nl = [1]\na = np.empty(1, dtype=object)\na[0] = l", "print(a[0] is l)"],
+        edit={1: "print('same', a[0] is l)"},
+    ),
 ]
 
 BY_NAME: dict[str, Pattern] = {p.name: p for p in PATTERNS}
@@ -929,6 +1046,13 @@ KERNEL_PATTERNS: list[str] = [
     "memmap_written_through",
     "umask_set_by_a_replayed_cell",
     "logging_basic_config_by_a_replayed_cell",
+    "getstate_drops_a_changed_cache",
+    "object_array_holds_a_list",
+    "library_module_attribute_patched",
+    "library_class_method_added",
+    "setattr_on_a_library_class_imported_earlier",
+    "pandas_accessor_registered_by_a_replayed_cell",
+    "collector_timeout_and_locale_set_by_a_replayed_cell",
 ]
 
 
@@ -960,6 +1084,7 @@ _BASE_DIGITS = sys.get_int_max_str_digits()
 _BASE_UMASK = os.umask(0o022)
 os.umask(_BASE_UMASK)
 _BASE_TZ = os.environ.get("TZ")
+_BASE_LOCALE = locale.setlocale(locale.LC_ALL)
 
 
 def _under(path: Any, workdir: str) -> bool:
@@ -1008,6 +1133,9 @@ def reset_library_settings() -> None:
         else:
             os.environ["TZ"] = _BASE_TZ
     time.tzset()
+    gc.enable()
+    socket.setdefaulttimeout(None)
+    locale.setlocale(locale.LC_ALL, _BASE_LOCALE)
 
 
 @contextlib.contextmanager
