@@ -140,8 +140,18 @@ def _named(obj: Any) -> str:
     return f"{obj.__module__}.{obj.__qualname__}"
 
 
+# Set by copyreg on a class the first time one of its instances is pickled (NBRewind's own
+# checkpoint does): a cache, not a patch.
+_CACHES = frozenset({"__slotnames__"})
+
+
 def _binding(obj: Any) -> tuple[int, dict[str, int]]:
-    return id(obj), {k: id(v) for k, v in list(vars(obj).items())}
+    return id(obj), {k: id(v) for k, v in list(vars(obj).items()) if k not in _CACHES}
+
+
+def _size(cls: type) -> int:
+    names = vars(cls)
+    return len(names) - sum(1 for k in _CACHES if k in names)
 
 
 def watch(code: str, namespace: Mapping[str, Any], reads: set[str]) -> PatchWatch | None:
@@ -169,7 +179,7 @@ def watch(code: str, namespace: Mapping[str, Any], reads: set[str]) -> PatchWatc
             if isinstance(module, types.ModuleType) and _library(module):
                 for value in list(vars(module).values()):
                     if isinstance(value, type) and id(value) not in seen.sizes:
-                        seen.sizes[id(value)] = (_named(value), len(vars(value)))
+                        seen.sizes[id(value)] = (_named(value), _size(value))
                         seen.keep.append(value)
     return seen
 
@@ -190,7 +200,7 @@ def patched(seen: PatchWatch | None, namespace: Mapping[str, Any]) -> list[str]:
             out.append(_named(obj))
     for value in seen.keep:
         name, size = seen.sizes[id(value)]
-        if len(vars(value)) != size:
+        if _size(value) != size:
             out.append(name)
     for imported in seen.imported:
         # Imported by the cell itself: nothing to compare with, so look for what the

@@ -23,7 +23,7 @@ from nbrewind.session import patches
 @pytest.fixture
 def lib() -> Iterator[types.ModuleType]:
     module = types.ModuleType("nbr_fakelib")
-    exec("class Thing:\n    size = 1\n\nVALUE = 1\n", module.__dict__)
+    exec("class Thing:\n    size = 1\n\nVALUE = 1\n\ndef decorate(f):\n    return f\n", module.__dict__)
     sys.modules[module.__name__] = module
     yield module
     del sys.modules[module.__name__]
@@ -65,6 +65,8 @@ def test_what_only_looks_like_a_patch(lib: types.ModuleType) -> None:
     finally:
         pd.set_option("display.max_rows", before)
     assert run("def g():\n    fl.VALUE = 5", ns) == []  # defined, not run
+    # copyreg caches __slotnames__ on a class when one of its instances is first pickled
+    assert run("import pickle\n@fl.decorate\ndef h():\n    pass\npickle.dumps(fl.Thing())\nfl.Thing.size = fl.Thing.size", ns) == []
 
 
 def test_a_pandas_accessor_registered_by_a_decorator() -> None:
