@@ -59,14 +59,6 @@ def _dotted(node: ast.expr) -> str | None:
     return ".".join(reversed(parts))
 
 
-def _imported(tree: ast.AST) -> set[str]:
-    return {
-        (alias.asname or alias.name).partition(".")[0]
-        for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
-        for alias in node.names
-    }
-
-
 def _made_by_notebook(value: Any) -> bool:
     """A function or class of the notebook, or an object holding one as an attribute
     (a pandas accessor descriptor holds the accessor class)."""
@@ -76,19 +68,20 @@ def _made_by_notebook(value: Any) -> bool:
     return False
 
 
-def _stored_on(tree: ast.AST) -> tuple[set[str], bool]:
-    """Dotted names of the objects the code stores attributes on, and whether it hands
-    something it defines to a library (a decorator, or a call with a name it defines)."""
+def _stored_on(tree: ast.AST) -> tuple[set[str], bool, set[str]]:
+    """Dotted names of the objects the code stores attributes on, whether it hands
+    something it defines to a library (a decorator, or a call with a name it defines),
+    and the names its imports bind (one walk of the tree)."""
     targets: set[str] = set()
-    hands_over = False
+    decorated = False
     defined: set[str] = set()
+    handed: set[str] = set()
+    imported: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             defined.add(node.name)
-            if any(isinstance(d, (ast.Attribute, ast.Call)) for d in node.decorator_list):
-                hands_over = True
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            decorated = decorated or any(isinstance(d, (ast.Attribute, ast.Call)) for d in node.decorator_list)
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
             for target in node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]:
                 for sub in ast.walk(target):
                     if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, (ast.Store, ast.Del)):
@@ -100,10 +93,11 @@ def _stored_on(tree: ast.AST) -> tuple[set[str], bool]:
                 name = _dotted(node.args[0])
                 if name is not None:
                     targets.add(name)
-            elif defined and isinstance(node.func, ast.Attribute):
-                if any(isinstance(a, ast.Name) and a.id in defined for a in node.args):
-                    hands_over = True
-    return targets, hands_over
+            elif isinstance(node.func, ast.Attribute):
+                handed.update(a.id for a in node.args if isinstance(a, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            imported.update((alias.asname or alias.name).partition(".")[0] for alias in node.names)
+    return targets, decorated or bool(handed & defined), imported
 
 
 def _library(obj: Any) -> bool:
@@ -162,7 +156,7 @@ def watch(code: str, namespace: Mapping[str, Any], reads: set[str]) -> PatchWatc
         tree = ast.parse(code)
     except SyntaxError:
         return None
-    targets, hands_over = _stored_on(tree)
+    targets, hands_over, imported = _stored_on(tree)
     if not targets and not hands_over:
         return None
     seen = PatchWatch()
@@ -173,7 +167,7 @@ def watch(code: str, namespace: Mapping[str, Any], reads: set[str]) -> PatchWatc
         elif _library(obj):
             seen.bindings[dotted] = _binding(obj)
     if hands_over:
-        seen.imported = {n for n in _imported(tree) if n not in namespace}
+        seen.imported = {n for n in imported if n not in namespace}
         for name in reads:
             module = dict.get(namespace, name) if isinstance(namespace, dict) else None
             if isinstance(module, types.ModuleType) and _library(module):
