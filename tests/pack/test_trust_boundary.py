@@ -41,7 +41,9 @@ PID_CELL = "import os\nprint('pid', os.getpid())"
 
 def _evil_cell(marker: Path) -> str:
     payload = f"open({str(marker)!r}, 'w').write('unpickled')"
-    return f"class Evil:\n    def __reduce__(self):\n        return (exec, ({payload!r},))\ne = Evil()"
+    # A library base class: instances of plain notebook classes are stored without their
+    # hooks (checkpoint/own_state.py), so their __reduce__ would never reach the pickle.
+    return f"class Evil(Exception):\n    def __reduce__(self):\n        return (exec, ({payload!r},))\ne = Evil()"
 
 
 AUDITED_USE = "print('e is', type(e).__name__)"

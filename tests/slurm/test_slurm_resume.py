@@ -71,8 +71,14 @@ def cluster_client(tmp_path: Path, partition: str, job_name: str) -> Iterator[An
     from dask_jobqueue import SLURMCluster
     from distributed import Client
 
+    import dask
+
     options = cluster_options(partition, job_name, tmp_path / "jobs", tmp_path / "job-logs")
-    with SLURMCluster(**options) as cluster, Client(cluster) as client:
+    # distributed's own default: a cancelled job's worker leaves the cluster's spec this long
+    # after it is lost, and only then does adapt() submit a replacement job (the suite sets an
+    # hour for LocalCluster Nannies that tests kill and expect back; see tests/conftest.py).
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "15s"}), \
+            SLURMCluster(**options) as cluster, Client(cluster) as client:
         cluster.adapt(minimum=2, maximum=2)
         client.wait_for_workers(2, timeout=WORKER_TIMEOUT)
         yield client
