@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import dask
+import distributed  # noqa: F401
 import pytest
 
 LOST_WORKER_TIMEOUT = "1h"
@@ -48,7 +49,10 @@ def _lost_workers_come_back() -> Iterator[None]:
 def _lost_workers_come_back_in_this_process() -> Iterator[None]:
     # Set for every test, not once: the in-process differential runs put dask.config back
     # to what it was when they were imported (before any fixture), and a replayed cell
-    # restores the config its notebook had.
+    # restores the config its notebook had. distributed is imported above so that its
+    # defaults are in dask.config first: set on a config without a `distributed` key, this
+    # would remove the whole key on exit, defaults added by a later import included, and the
+    # next test's LocalCluster fails with KeyError: 'comm'.
     with dask.config.set({"distributed.deploy.lost-worker-timeout": LOST_WORKER_TIMEOUT}):
         yield
 
