@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.serialize import Unserializable, digest_value
 from nbrewind.checkpoint.values import StagedGroup, load_json, stage_group
 from nbrewind.identity import settings as settings_registry
-from nbrewind.session import policy
+from nbrewind.session import history, policy
+from nbrewind.session.history import Deferred
 from nbrewind.session.state import UNSERIALIZABLE, VALUE, Entry, value_key
 from nbrewind.session.then import FilesThen, as_then, written_files
+from nbrewind.store import walk
 
 if TYPE_CHECKING:
     from nbrewind.session.notices import Notices
@@ -38,22 +39,9 @@ if TYPE_CHECKING:
     from nbrewind.session.writer import BackgroundWriter
     from nbrewind.store.catalog import Catalog
 
-__all__ = ["Deferred", "Rebuilder"]
+__all__ = ["Rebuilder"]
 
 _MAX_REGENERATION_DEPTH = 50
-
-
-@dataclass(frozen=True)
-class Deferred:
-    """A replayed cell run that made or used a pending resource: to run again, in order,
-    when a resource is needed live."""
-
-    code: str
-    """The cell's code as IPython runs it (transformed)."""
-    checkpoint_id: int
-    """The recorded run's checkpoint: what it left; its parent is the state it started from."""
-    failed: bool
-    """The recorded run ended in an error (it may raise again; what it did before counts)."""
 
 
 class Rebuilder:
@@ -83,6 +71,10 @@ class Rebuilder:
         # Unstorable values made again, by the digest of their entry: one object per recorded
         # resource, shared by every re-run that reads it (futures find the client made for them).
         self._made: dict[str, Any] = {}
+        # Stored values a deferred cell wrote again while its life was replayed, whose stored
+        # objects are damaged, by entry digest: the way to make them again without running
+        # that cell once more against a resource that has already lived past it.
+        self._life_values: dict[str, dict[str, Any]] = {}
         self._replaying = False
         self.before_run: Callable[[], None] = lambda: None  # the Restorer's: temp files replayed cells left are written first
 
@@ -120,19 +112,33 @@ class Rebuilder:
         # The files the chain writes, as each cell found them: not as later replays left them.
         files = FilesThen(set().union(*(written_files(b, a) for _, b, a, _ in worlds)), self._state.objects, self._paths)
         self._replaying = True
+        written: dict[str, dict[str, Any]] = {}
         try:
             for step, before, after, inputs in worlds:
                 files.set(before, inputs)
                 label = "<nbrewind re-run of a replayed cell>"
                 unstorable = {n: d for n, (d, meta) in after.items() if meta.get("kind") == UNSERIALIZABLE}
+                wrote = history.wrote(before, after)
                 if isinstance(self._shell.user_ns, LazyNamespace):
-                    self._made.update(self._rerun_in_kernel(step.code, before, label, step.failed, unstorable))
-                    continue
-                scratch = self._rerun(step.code, before, label, failed=step.failed)
-                self._made.update({d: dict.__getitem__(scratch, n) for n, d in unstorable.items() if dict.__contains__(scratch, n)})
+                    found = self._rerun_in_kernel(step.code, before, label, step.failed, {*unstorable, *wrote})
+                else:
+                    scratch = self._rerun(step.code, before, label, failed=step.failed)
+                    found = {n: dict.__getitem__(scratch, n) for n in {*unstorable, *wrote} if dict.__contains__(scratch, n)}
+                self._made.update({d: found[n] for n, d in unstorable.items() if n in found})
+                for n, d in wrote.items():
+                    if n in found:
+                        written.setdefault(d, {})[n] = found[n]
         finally:
             self._replaying = False
             files.put_back()
+        # Only the damaged ones are kept (a sound one loads from the store as usual).
+        for digest, group in written.items():
+            if walk(self._state.objects, [digest], verify=True).problems:
+                self._life_values[digest] = group
+
+    def _written_by_deferred(self, digest: str) -> bool:
+        """Whether a deferred cell run wrote the stored value `digest`."""
+        return history.written_by(self._catalog, [step.checkpoint_id for step in self._deferred], digest)
 
     def _made_for(self, name: str, entry: Entry) -> dict[str, Any] | None:
         """`name` and the kernel's other pending resources already made again, or None."""
@@ -147,27 +153,8 @@ class Rebuilder:
         return made
 
     def _producer(self, name: str, entry: Entry) -> tuple[str, dict[str, Any], bool] | None:
-        """The newest of `_producers`, or None."""
-        return next(self._producers(name, entry), None)
-
-    def _producers(self, name: str, entry: Entry) -> Iterator[tuple[str, dict[str, Any], bool]]:
-        """The recorded cell runs that made `entry` for `name`, newest first: each one's
-        code, the checkpoint entries it started from, and whether it ended in an error (a
-        cell may bind a name and then raise: what it bound is still the state).
-
-        A run that started from the same entry did not make it (it stored the name again,
-        unchanged): re-running it would need the very value being made."""
-        catalog = self._catalog
-        for run in reversed(catalog.cell_runs()):
-            if run.checkpoint_id is None or run.status not in ("ok", "error") or name not in (run.writes or ()):
-                continue
-            if catalog.checkpoint_entries(run.checkpoint_id).get(name, ("",))[0] != entry.digest:
-                continue
-            parent = catalog.get_checkpoint(run.checkpoint_id).parent_id
-            before = catalog.checkpoint_entries(parent) if parent is not None else {}
-            if before.get(name, ("",))[0] == entry.digest:
-                continue
-            yield run.code, before, run.status == "error"
+        """The newest recorded cell run that made `entry` for `name` (`history.producers`), or None."""
+        return next(history.producers(self._catalog, name, entry.digest), None)
 
     def regenerate(self, name: str, entry: Entry, depth: int = 0, into: dict[str, Any] | None = None) -> dict[str, Any]:
         """Make a stored value whose objects cannot be read again, by re-running the cell
@@ -187,7 +174,9 @@ class Rebuilder:
             raise LookupError(f"making {name!r} again would need {name!r} as it is stored")
         self._making.add(entry.digest)
         try:
-            group = self._made_again(name, entry, depth)
+            group = self._from_life(name, entry)
+            if group is None:
+                group = self._made_again(name, entry, depth)
         finally:
             self._making.discard(entry.digest)
         staged = stage_group(self._state.objects, group)
@@ -204,14 +193,30 @@ class Rebuilder:
                     self._state.entries[member] = Entry(staged.digest, old.kind, old.key, old.group, old.extra)
         return values
 
+    def _from_life(self, name: str, entry: Entry) -> dict[str, Any] | None:
+        """`entry`'s group as the replayed life of the kernel's resources made it, when the
+        cell run that wrote it is one of the deferred ones: re-running that cell on its own
+        would use the resources (a cached function, a client) once more than the notebook
+        did. None when no deferred run wrote it, or what the life made is not the recorded
+        value."""
+        if entry.digest not in self._life_values and self._deferred and self._written_by_deferred(entry.digest):
+            self.replay_life()
+        group = self._life_values.pop(entry.digest, None)
+        if group is None or name not in group:
+            return None
+        value = digest_value(group[name])
+        if isinstance(value, Unserializable) or value_key(value, entry.group or (name,)) != entry.key:
+            return None
+        return group
+
     def _made_again(self, name: str, entry: Entry, depth: int) -> dict[str, Any]:
         """`entry`'s group, made again by the newest recorded run that makes it with the
         recorded content (older runs are tried when a newer one cannot)."""
         members = entry.group or (name,)
         problem: Exception = LookupError(f"no recorded cell run wrote {name!r} as it is stored")
-        for code, parent_entries, _failed in self._producers(name, entry):
+        for code, parent_entries, _failed in history.producers(self._catalog, name, entry.digest):
             try:
-                code = _transform(self._shell, code)
+                code = history.transform(self._shell, code)
             except Exception:
                 pass
             try:
@@ -295,10 +300,10 @@ class Rebuilder:
                 if not failed:
                     raise
 
-    def _rerun_in_kernel(self, code: str, entries: Mapping[str, Any], label: str, failed: bool, want: Mapping[str, str]) -> dict[str, Any]:
+    def _rerun_in_kernel(self, code: str, entries: Mapping[str, Any], label: str, failed: bool, want: Iterable[str]) -> dict[str, Any]:
         """Run `code` in the kernel's own namespace, made for the duration what `entries`
         (a checkpoint) say, then put the namespace back exactly as it was. Returns the
-        values it left for the names in `want` (name -> entry digest), by entry digest.
+        values it left for the names in `want`, by name.
 
         The kernel's namespace, not a scratch one: what the cell makes (a generator, an
         object whose methods read globals) keeps it as its globals, so later it reads the
@@ -322,9 +327,9 @@ class Rebuilder:
                     else:
                         ns.set_pending(member, item)
                 self._exec(code, label, ns, failed)
-                for name, digest in want.items():
+                for name in want:
                     if dict.__contains__(ns, name):
-                        made[digest] = dict.__getitem__(ns, name)
+                        made[name] = dict.__getitem__(ns, name)
         finally:
             ns.put_back(saved)
         return made
@@ -357,7 +362,7 @@ class Rebuilder:
                 raise
             code, entries, _ = producer
             try:
-                code = _transform(self._shell, code)
+                code = history.transform(self._shell, code)
             except Exception:
                 pass
         if not code:
@@ -379,11 +384,13 @@ class Rebuilder:
                 if twin.get("code") == code and twin.get("parent_entries") == parent:
                     twins[other] = token.digest
         label = f"<nbrewind rebuild of {name}>"
+        want = {name: entry.digest, **twins}
         if isinstance(ns, LazyNamespace):
-            found = self._rerun_in_kernel(code, entries, label, False, {name: entry.digest, **twins})
+            left = self._rerun_in_kernel(code, entries, label, False, want)
         else:
             scratch = self._rerun(code, entries, label)
-            found = {d: dict.__getitem__(scratch, n) for n, d in {name: entry.digest, **twins}.items() if dict.__contains__(scratch, n)}
+            left = {n: dict.__getitem__(scratch, n) for n in want if dict.__contains__(scratch, n)}
+        found = {want[n]: v for n, v in left.items()}
         if entry.digest not in found:
             raise NameError(f"re-running the cell that made {name!r} did not define it again")
         self._made.update(found)
@@ -391,10 +398,3 @@ class Rebuilder:
         made.update({other: found[digest] for other, digest in twins.items() if digest in found})
         return made
 
-
-def _transform(shell: Any, code: str) -> str:
-    """Recorded cell code as IPython would run it (magics, shell escapes), without the
-    prefilter's per-line look-ups in the user's namespace: those would load pending
-    names, the very ones being made again."""
-    manager = getattr(shell, "input_transformer_manager", None)
-    return str(manager.transform_cell(code) if manager is not None else shell.transform_cell(code))

@@ -18,7 +18,7 @@ from nbrewind.checkpoint.outputs import decode_outputs, for_replay
 from nbrewind.session import policy
 from nbrewind.session.plan import CellPlan, Emit, LastCell, RngLedger
 from nbrewind.session.pseudo import ABSENT
-from nbrewind.session.rebuild import Deferred
+from nbrewind.session.history import Deferred
 from nbrewind.session.state import HIDDEN, UNSERIALIZABLE, Entry
 
 if TYPE_CHECKING:

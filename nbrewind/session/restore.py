@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from nbrewind.session.notices import Notices
     from nbrewind.session.outside import Outside
     from nbrewind.session.plan import Paths, RngLedger
-    from nbrewind.session.rebuild import Deferred, Rebuilder
+    from nbrewind.session.history import Deferred
+    from nbrewind.session.rebuild import Rebuilder
     from nbrewind.session.state import LiveState
     from nbrewind.session.writer import BackgroundWriter
     from nbrewind.store.catalog import Catalog

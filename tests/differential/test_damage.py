@@ -51,20 +51,8 @@ def damage(store_root: Path, seed: int, variant: int = 0) -> list[str]:
     return done
 
 
-# Known bug, open: a damaged value whose writer cell also used a cached function (a resource
-# rebuilt by re-running its life) is made again by re-running that cell once more, which calls
-# the function again: its cache_info() counts one hit too many. Which cases hit it depends on
-# which objects the damage picks, so the mark is not strict (3 of the 39 `cached` cases failed).
-CACHED_REPAIR_BUG = pytest.mark.xfail(
-    strict=False,
-    reason="re-running the writer of a damaged value calls a rebuilt lru_cache function once more",
-)
-
-
 def _seed_param(seed: int) -> Any:
     marks = [pytest.mark.slow] if seed in SLOW_SEEDS else []
-    if "cached" in make_case(seed).families:
-        marks.append(CACHED_REPAIR_BUG)
     return pytest.param(seed, marks=marks)
 
 
