@@ -64,17 +64,22 @@ class LazyNamespace(dict[str, Any]):
         if not self._pending:
             _disarm()
 
-    def save(self) -> tuple[dict[str, Any], dict[str, Any], Loader | None]:
-        """Everything the namespace holds now (values, pending tokens, loader), for `put_back`."""
-        return dict(dict.items(self)), dict(self._pending), self._loader
+    def save(self) -> tuple[dict[str, Any], dict[str, Any], Loader | None, set[str]]:
+        """Everything the namespace holds now (values, pending tokens, loader, the names being
+        loaded), for `put_back`. Until then no name counts as being loaded: what runs in the
+        meantime is another world, where a name the outer load is making may be loaded too."""
+        saved = dict(dict.items(self)), dict(self._pending), self._loader, self._loading
+        self._loading = set()
+        return saved
 
-    def put_back(self, saved: tuple[dict[str, Any], dict[str, Any], Loader | None]) -> None:
+    def put_back(self, saved: tuple[dict[str, Any], dict[str, Any], Loader | None, set[str]]) -> None:
         """Make the namespace exactly what `save` returned (the same objects, not copies)."""
-        values, pending, loader = saved
+        values, pending, loader, loading = saved
         dict.clear(self)
         dict.update(self, values)
         self._pending = dict(pending)
         self._loader = loader
+        self._loading = loading
         if self._pending:
             _arm()
         else:

@@ -112,7 +112,7 @@ class Rebuilder:
         # The files the chain writes, as each cell found them: not as later replays left them.
         files = FilesThen(set().union(*(written_files(b, a) for _, b, a, _ in worlds)), self._state.objects, self._paths)
         self._replaying = True
-        written: dict[str, dict[str, Any]] = {}
+        checked: set[str] = set()
         try:
             for step, before, after, inputs in worlds:
                 files.set(before, inputs)
@@ -125,16 +125,16 @@ class Rebuilder:
                     scratch = self._rerun(step.code, before, label, failed=step.failed)
                     found = {n: dict.__getitem__(scratch, n) for n in {*unstorable, *wrote} if dict.__contains__(scratch, n)}
                 self._made.update({d: found[n] for n, d in unstorable.items() if n in found})
+                # Only damaged ones are kept (a sound one loads from the store as usual), as
+                # each step ends: a later step may read one, as the notebook's later cell did.
                 for n, d in wrote.items():
-                    if n in found:
-                        written.setdefault(d, {})[n] = found[n]
+                    if n in found and (d in self._life_values or d not in checked):
+                        checked.add(d)
+                        if d in self._life_values or walk(self._state.objects, [d], verify=True).problems:
+                            self._life_values.setdefault(d, {})[n] = found[n]
         finally:
             self._replaying = False
             files.put_back()
-        # Only the damaged ones are kept (a sound one loads from the store as usual).
-        for digest, group in written.items():
-            if walk(self._state.objects, [digest], verify=True).problems:
-                self._life_values[digest] = group
 
     def _written_by_deferred(self, digest: str) -> bool:
         """Whether a deferred cell run wrote the stored value `digest`."""
@@ -168,17 +168,17 @@ class Rebuilder:
         """
         if depth > _MAX_REGENERATION_DEPTH:
             raise RecursionError(f"more than {_MAX_REGENERATION_DEPTH} earlier cells would have to run again")
-        if entry.digest in self._making:
-            # A value can come back to itself (made by one cell, changed by the next, changed
-            # back by a third): the run that needs it now cannot be the way to make it.
-            raise LookupError(f"making {name!r} again would need {name!r} as it is stored")
-        self._making.add(entry.digest)
-        try:
-            group = self._from_life(name, entry)
-            if group is None:
+        group = self._from_life(name, entry)
+        if group is None:
+            if entry.digest in self._making:
+                # A value can come back to itself (made by one cell, changed by the next, changed
+                # back by a third): the run that needs it now cannot be the way to make it.
+                raise LookupError(f"making {name!r} again would need {name!r} as it is stored")
+            self._making.add(entry.digest)
+            try:
                 group = self._made_again(name, entry, depth)
-        finally:
-            self._making.discard(entry.digest)
+            finally:
+                self._making.discard(entry.digest)
         staged = stage_group(self._state.objects, group)
         if not isinstance(staged, StagedGroup):
             raise LookupError(f"{name!r} made again cannot be stored ({staged.reason})")
@@ -197,11 +197,11 @@ class Rebuilder:
         """`entry`'s group as the replayed life of the kernel's resources made it, when the
         cell run that wrote it is one of the deferred ones: re-running that cell on its own
         would use the resources (a cached function, a client) once more than the notebook
-        did. None when no deferred run wrote it, or what the life made is not the recorded
-        value."""
+        did. Kept after use: a later deferred run may read the same entry. None when no
+        deferred run wrote it, or what the life made is not the recorded value."""
         if entry.digest not in self._life_values and self._deferred and self._written_by_deferred(entry.digest):
             self.replay_life()
-        group = self._life_values.pop(entry.digest, None)
+        group = self._life_values.get(entry.digest)
         if group is None or name not in group:
             return None
         value = digest_value(group[name])

@@ -114,6 +114,48 @@ def test_value_bound_by_a_cell_that_then_raised_is_made_again(producer: str, tmp
     assert repeat.cells[3].decision == "executed" and repeat.cells[2].decision == "replayed"
 
 
+CACHED = (
+    "import functools\nK_0 = 35",
+    "@functools.lru_cache(maxsize=2)\ndef f_0(x):\n    return x * K_0",
+    "a_0 = f_0(39)\nprint(a_0)",
+    "K_0 = 31",
+    "b_0 = f_0(39) + f_0(40)\nprint(b_0, f_0.cache_info())",
+    "print('later', f_0(39), a_0, b_0, f_0.cache_info())",
+)
+
+
+@pytest.mark.parametrize("damage_kind", ["flip", "delete"])
+def test_a_damaged_value_written_beside_a_cached_function_comes_from_its_life(damage_kind: str, tmp_path: Path) -> None:
+    """`a_0` is written by a cell that calls a cached function, and read by a later cell that
+    calls it too; its object is damaged. Every cell replays; bringing `a_0` back replays the
+    function's recorded life, whose last cell reads `a_0` while `a_0` is being brought back.
+    The value must come from that life (not from one more run of its cell, which would count
+    one more cache hit), and the last cell of the life must get it too. Seed 500 of the damage
+    sweep found both (one hit too many; NameError for a_0 inside the life)."""
+    store = tmp_path / "store"
+    run_cells(CACHED, tmp_path / "audit", mode="audit", store=store)
+    with Store.open(store) as opened:
+        run = next(r for r in opened.catalog.cell_runs() if "a_0" in (r.writes or ()))
+        assert run.checkpoint_id is not None
+        digest = opened.catalog.checkpoint_entries(run.checkpoint_id)["a_0"][0]
+        path = opened.objects.path_of(digest)
+    if damage_kind == "delete":
+        path.unlink()
+    else:
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 1
+        os.chmod(path, 0o644)
+        path.write_bytes(bytes(data))
+    repeat = run_cells(CACHED, tmp_path / "repeat", mode="repeat", store=store)
+    fresh = run_cells(CACHED, tmp_path / "fresh")
+    for run_ in (repeat, fresh):
+        run_.rng.clear()  # never seeded: not determined
+    if damage_kind == "flip":  # present, so found damaged only when loaded: every cell replays
+        assert [c.decision for c in repeat.cells] == ["replayed"] * len(CACHED)
+    assert not differences(repeat, fresh)
+    assert not any("could not be brought back" in w for w in repeat.warnings), repeat.warnings
+
+
 # -- every object and every pair of objects, deleted or flipped --------------------------------
 
 ALIASES = (
