@@ -14,8 +14,9 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from nbrewind.analysis import RecordedReads
+from nbrewind.checkpoint.digests import digest_value
 from nbrewind.checkpoint.namespace import LazyNamespace
-from nbrewind.checkpoint.serialize import Unserializable, digest_value
+from nbrewind.checkpoint.serialize import Unserializable
 from nbrewind.session import pseudo
 from nbrewind.session.clients import may_need_client
 from nbrewind.session.keys import user_names

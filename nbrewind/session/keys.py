@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from nbrewind.analysis import DYNAMIC_NAMES, CellEffects, RecordedReads, analyze_cell, transitive_reads
 from nbrewind.checkpoint import hidden, randomness
+from nbrewind.checkpoint.digests import digest_value
 from nbrewind.checkpoint.namespace import LazyNamespace
-from nbrewind.checkpoint.serialize import Unserializable, digest_value
+from nbrewind.checkpoint.serialize import Unserializable
 from nbrewind.session import outside, policy, pseudo
 from nbrewind.session.matching import Match, find_match
 from nbrewind.session.plan import CellPlan, FunctionView, Paths, RngLedger, env_key

@@ -15,7 +15,8 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from nbrewind.checkpoint.serialize import Unserializable, digest_value
+from nbrewind.checkpoint.digests import digest_value
+from nbrewind.checkpoint.serialize import Unserializable
 from nbrewind.checkpoint.values import load_group, stage_group
 from nbrewind.checkpoint.world import listing_key, stat_key
 from nbrewind.identity import settings as settings_registry

@@ -22,8 +22,9 @@ import io
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from nbrewind.checkpoint.digests import digest_value
 from nbrewind.checkpoint.namespace import LazyNamespace
-from nbrewind.checkpoint.serialize import Unserializable, digest_value
+from nbrewind.checkpoint.serialize import Unserializable
 from nbrewind.checkpoint.values import StagedGroup, load_json, stage_group
 from nbrewind.identity import settings as settings_registry
 from nbrewind.session import history, policy

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbrewind.analysis import reachable_ids, value_reads
-from nbrewind.checkpoint.serialize import Unserializable, digest_value, restoring_into
+from nbrewind.checkpoint.digests import digest_value
+from nbrewind.checkpoint.serialize import Unserializable, restoring_into
 from nbrewind.identity.modules import is_local_module
 from nbrewind.session.plain import holds_only_plain
 from nbrewind.checkpoint.values import StagedGroup, load_group, stage_group, stage_json

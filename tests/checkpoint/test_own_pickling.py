@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from nbrewind.checkpoint.digests import digest_value
 from nbrewind.checkpoint.own_state import own_state_base
-from nbrewind.checkpoint.serialize import Unserializable, digest_value, pickle_value, restoring_into
+from nbrewind.checkpoint.serialize import Unserializable, pickle_value, restoring_into
 from nbrewind.checkpoint.values import StagedGroup, load_group, stage_group
 from nbrewind.identity.values import is_notebook_code
 from nbrewind.store.objects import ObjectStore

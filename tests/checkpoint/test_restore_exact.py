@@ -20,7 +20,8 @@ import pandas as pd
 import pytest
 
 from nbrewind.analysis import reachable_ids
-from nbrewind.checkpoint.serialize import OOB_THRESHOLD, Unserializable, digest_value, restoring_into
+from nbrewind.checkpoint.digests import digest_value
+from nbrewind.checkpoint.serialize import OOB_THRESHOLD, Unserializable, restoring_into
 from nbrewind.checkpoint.values import StagedGroup, load_group, stage_group
 from nbrewind.store.objects import ObjectStore
 
@@ -277,7 +278,7 @@ def test_class_digest_is_equal_in_another_process() -> None:
         "import sys\n"
         "sys.path.insert(0, sys.argv[1])\n"
         "from test_restore_exact import CLASS_NAMES, notebook_classes\n"
-        "from nbrewind.checkpoint.serialize import digest_value\n"
+        "from nbrewind.checkpoint.digests import digest_value\n"
         "classes = notebook_classes()\n"
         "print(' '.join(str(digest_value(classes[n])) for n in CLASS_NAMES))\n"
     )

@@ -26,13 +26,11 @@ import xxhash
 import pandas as pd
 import pytest
 
+from nbrewind.checkpoint.digests import digest_buffer, digest_pickled, digest_value
 from nbrewind.checkpoint.serialize import (
     OOB_THRESHOLD,
     Pickled,
     Unserializable,
-    digest_buffer,
-    digest_pickled,
-    digest_value,
     pickle_group,
     pickle_value,
     split_unserializable,
