@@ -29,6 +29,7 @@ import os
 import secrets
 import stat
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -36,7 +37,7 @@ from nbrewind.errors import ReadOnlyStoreError, StoreError, StoreFullError
 
 __all__ = [
     "DEFERRED_MODE_BIT", "TEMP_PREFIX", "UNSYNCED_MARKER", "atomic_write", "deferred_sync", "durability_barrier",
-    "fsync_dir", "is_deferred_mode", "note_suspect", "store_error_from_os", "sync_is_deferred",
+    "fsync_dir", "is_deferred_mode", "note_suspect", "probe_write_rate", "store_error_from_os", "sync_is_deferred",
 ]
 
 TEMP_PREFIX = ".tmp-"
@@ -245,3 +246,24 @@ def durability_barrier(root: Path) -> bool:
                 # A writer may have appended to the old file after the sync: sync once more next time.
                 _suspect.add(key)
         return True
+
+
+def probe_write_rate(folder: Path, size: int, tries: int = 2) -> float:
+    """Bytes per second at which the disk under `folder` takes writes of `size` bytes,
+    each with its fsyncs (file and folder), the best of `tries`. Leaves nothing behind."""
+    folder.mkdir(parents=True, exist_ok=True)
+    data = os.urandom(1 << 16) * max(size >> 16, 1)
+    best = float("inf")
+    for _ in range(tries):
+        path = folder / f"{TEMP_PREFIX}probe-{os.getpid()}-{threading.get_ident()}"
+        started = time.perf_counter()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(folder)
+        best = min(best, time.perf_counter() - started)
+        path.unlink()
+    return len(data) / max(best, 1e-6)

@@ -10,9 +10,7 @@ writes them, chunks first, a tree only once every child is on disk.
 from __future__ import annotations
 
 import functools
-import os
 import threading
-import time
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,13 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nbrewind.errors import (
-    ChangedWhileStagedError,
-    ObjectNotFoundError,
-)
+from nbrewind.errors import ChangedWhileStagedError, ObjectNotFoundError
 from nbrewind.store import frame, snapshot
 from nbrewind.store.digest import digest_bytes
-from nbrewind.store.fsio import TEMP_PREFIX, atomic_write, fsync_dir
+from nbrewind.store.fsio import atomic_write, fsync_dir, probe_write_rate
 from nbrewind.store.trees import (
     BLOB_CHUNK_SIZE,
     as_bytes_view,
@@ -268,28 +263,10 @@ class StagingMixin:
             raise failures[0]
 
     def probe_write_rate(self, size: int = BLOB_CHUNK_SIZE, tries: int = 2) -> float:
-        """Bytes per second at which this store's disk takes chunk-sized writes, each
-        with its fsyncs (file and folder), the best of `tries`: what the writer's first
-        large job will see, known before it starts. Leaves nothing behind."""
+        """Bytes per second at which this store's disk takes chunk-sized writes, each with
+        its fsyncs (`fsio.probe_write_rate`): what the writer's first large job will see."""
         self._check_writable()
-        self.objects_dir.mkdir(parents=True, exist_ok=True)
-        data = os.urandom(1 << 16) * max(size >> 16, 1)
-        best = float("inf")
-        for _ in range(tries):
-            path = self.objects_dir / f"{TEMP_PREFIX}probe-{os.getpid()}-{threading.get_ident()}"
-            started = time.perf_counter()
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            fsync_dir(self.objects_dir)
-            best = min(best, time.perf_counter() - started)
-            path.unlink()
-        return len(data) / max(best, 1e-6)
+        return probe_write_rate(self.objects_dir, size, tries)
 
     def _release(self, owned: set[str], digests: Sequence[str] | None = None) -> None:
         """Give back this blob's claim on ``digests`` (default: all it still owns); a
