@@ -20,20 +20,46 @@ would keep a store from replaying anywhere else.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import locale
 import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
-    "interpreter_get", "interpreter_put", "locale_get", "locale_put", "logging_get", "logging_put", "note_baseline",
+    "collector_paused", "interpreter_get", "interpreter_put", "locale_get", "locale_put", "logging_get", "logging_put", "note_baseline",
     "socket_get", "socket_put", "time_zone_get", "time_zone_put",
 ]
 
 _BASELINE: dict[str, Any] | None = None
+_collector_paused = False  # the collector is off for `collector_paused`, not for the notebook
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Suspend the cyclic garbage collector for a walk over a whole graph, unseen as state.
+
+    While paused, the collector counts as on for `interpreter_get` and the baseline: a
+    snapshot or a task's settings taken during a walk must not record ``gc.disable()`` the
+    notebook never made. A notebook's own ``gc.disable()`` put during the pause (a replay)
+    is kept when it ends. Nested uses and a collector already off are left as they are.
+    """
+    global _collector_paused
+    if _collector_paused or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    _collector_paused = True
+    try:
+        yield
+    finally:
+        if _collector_paused:
+            _collector_paused = False
+            gc.enable()
 
 
 def note_baseline() -> None:
@@ -73,7 +99,7 @@ def _umask() -> int:
 
 
 def _interpreter_now() -> dict[str, int]:
-    now = {"recursionlimit": sys.getrecursionlimit(), "umask": _umask(), "gc": int(gc.isenabled())}
+    now = {"recursionlimit": sys.getrecursionlimit(), "umask": _umask(), "gc": int(gc.isenabled() or _collector_paused)}
     if hasattr(sys, "get_int_max_str_digits"):
         now["int_max_str_digits"] = sys.get_int_max_str_digits()
     return now
@@ -97,9 +123,11 @@ def interpreter_put(snapshot: dict[str, int]) -> None:
     if "int_max_str_digits" in wanted and now.get("int_max_str_digits") != wanted["int_max_str_digits"]:
         sys.set_int_max_str_digits(wanted["int_max_str_digits"])
     if now["gc"] != wanted.get("gc", now["gc"]):
+        global _collector_paused
         if wanted["gc"]:
             gc.enable()
         else:
+            _collector_paused = False  # stays off when the pause ends
             gc.disable()
 
 

@@ -121,6 +121,22 @@ def test_garbage_collector_socket_timeout_and_locale_round_trip() -> None:
     assert interpreter.locale_get() == snapshots["locale"]
 
 
+def test_the_collector_paused_for_a_graph_walk_is_not_the_notebooks_state() -> None:
+    """A graph walk pauses the cyclic collector; a settings snapshot taken meanwhile (a task's
+    settings salt, a baseline noted for the first time) must see it as on. A notebook's own
+    `gc.disable()` put during the pause (a replay) stays when the pause ends."""
+    assert gc.isenabled()
+    with interpreter.collector_paused():
+        assert not gc.isenabled()
+        assert interpreter.interpreter_get() == {}
+        assert capture_settings(["interpreter"])["interpreter"] == {}
+    assert gc.isenabled()
+    with interpreter.collector_paused():
+        interpreter.interpreter_put({"gc": 0})
+        assert interpreter.interpreter_get() == {"gc": 0}
+    assert not gc.isenabled() and interpreter.interpreter_get() == {"gc": 0}
+
+
 def test_time_zone_round_trip() -> None:
     os.environ["TZ"] = "Asia/Tokyo"
     time.tzset()

@@ -11,16 +11,16 @@ walk (`graph`) are layered on it, in that order.
 from __future__ import annotations
 
 import contextlib
-import gc
 import struct
 import sys
 import types
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import xxhash
 
 from nbrewind.errors import NbrewindError
+from nbrewind.identity import interpreter
 
 SCHEME = b"nbrewind-fp/2;"
 _TASK = SCHEME + b"T"
@@ -60,25 +60,17 @@ def _settings_salt(settings: Mapping[str, str]) -> bytes:
     return b"$" + _digest(b"%d:" % len(parts) + b"".join(parts))
 
 
-@contextlib.contextmanager
-def no_cyclic_gc() -> Iterator[None]:
+def no_cyclic_gc() -> contextlib.AbstractContextManager[None]:
     """Suspend the cyclic garbage collector for a walk over a whole graph.
 
     Fingerprinting and rewriting make a few container objects per task and keep many
     (the rewritten graph), so the collector ran again and again over the whole heap,
     graph included: about a third of the rewrite's time on a 100k-task graph. What these
     walks drop is freed by reference counting; only cyclic garbage waits, until the
-    collector runs again after the walk. Nested uses and a collector already off are left
-    as they are.
+    collector runs again after the walk. The pause is `interpreter.collector_paused`,
+    which settings snapshots taken meanwhile do not see as the notebook's.
     """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
+    return interpreter.collector_paused()
 
 
 class UnfingerprintableError(NbrewindError):
