@@ -76,6 +76,23 @@ def test_repeat_on_damaged_store_matches_plain(seed: int, variant: int, tmp_path
     )
 
 
+def _flip_last_bit(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    os.chmod(path, 0o644)
+    path.write_bytes(bytes(data))
+
+
+def _repeat_and_compare(cells: tuple[str, ...], store: Path, tmp_path: Path) -> RunOutcome:
+    """Repeat `cells` on `store` and run them fresh; assert they agree (no seeded RNG here)."""
+    repeat = run_cells(cells, tmp_path / "repeat", mode="repeat", store=store)
+    fresh = run_cells(cells, tmp_path / "fresh")
+    for run in (repeat, fresh):
+        run.rng.clear()  # never seeded: not determined
+    assert not differences(repeat, fresh)
+    return repeat
+
+
 @pytest.mark.parametrize(
     "producer",
     [
@@ -101,15 +118,8 @@ def test_value_bound_by_a_cell_that_then_raised_is_made_again(producer: str, tmp
         path = opened.objects.path_of(digest)
     # Present but unreadable: the replay of the raising cell goes ahead, and the value is
     # found damaged only when a later cell loads it.
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 1
-    os.chmod(path, 0o644)
-    path.write_bytes(bytes(data))
-    repeat = run_cells(edited, tmp_path / "repeat", mode="repeat", store=store)
-    fresh = run_cells(edited, tmp_path / "fresh")
-    for run in (repeat, fresh):
-        run.rng.clear()  # never seeded: not determined
-    assert not differences(repeat, fresh)
+    _flip_last_bit(path)
+    repeat = _repeat_and_compare(edited, store, tmp_path)
     assert not any("could not be brought back" in w for w in repeat.warnings), repeat.warnings
     assert repeat.cells[3].decision == "executed" and repeat.cells[2].decision == "replayed"
 
@@ -142,17 +152,10 @@ def test_a_damaged_value_written_beside_a_cached_function_comes_from_its_life(da
     if damage_kind == "delete":
         path.unlink()
     else:
-        data = bytearray(path.read_bytes())
-        data[-1] ^= 1
-        os.chmod(path, 0o644)
-        path.write_bytes(bytes(data))
-    repeat = run_cells(CACHED, tmp_path / "repeat", mode="repeat", store=store)
-    fresh = run_cells(CACHED, tmp_path / "fresh")
-    for run_ in (repeat, fresh):
-        run_.rng.clear()  # never seeded: not determined
+        _flip_last_bit(path)
+    repeat = _repeat_and_compare(CACHED, store, tmp_path)
     if damage_kind == "flip":  # present, so found damaged only when loaded: every cell replays
         assert [c.decision for c in repeat.cells] == ["replayed"] * len(CACHED)
-    assert not differences(repeat, fresh)
     assert not any("could not be brought back" in w for w in repeat.warnings), repeat.warnings
 
 
