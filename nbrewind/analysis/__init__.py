@@ -8,6 +8,7 @@ IPython.
 """
 
 from nbrewind.analysis.aliases import reachable_ids
+from nbrewind.analysis.callsites import dotted_name
 from nbrewind.analysis.effects import CallSite, CellEffects, analyze_cell, parse_source
 from nbrewind.analysis.scopes import DYNAMIC_NAMES
 from nbrewind.analysis.function_reads import RecordedReads, global_names_of, is_notebook_object, transitive_reads, value_reads
@@ -18,6 +19,7 @@ __all__ = [
     "CallSite",
     "CellEffects",
     "analyze_cell",
+    "dotted_name",
     "global_names_of",
     "is_notebook_object",
     "parse_source",

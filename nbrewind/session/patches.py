@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nbrewind.analysis import dotted_name
 from nbrewind.identity.modules import is_local_module
 
 __all__ = ["PatchWatch", "patched", "watch"]
@@ -46,17 +47,6 @@ class PatchWatch:
     """The classes `sizes` counted, held so their ids stay theirs while the cell runs."""
     imported: set[str] = field(default_factory=set)
     """Names the cell imports that were unbound before it ran (handing over only)."""
-
-
-def _dotted(node: ast.expr) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return ".".join(reversed(parts))
 
 
 def _made_by_notebook(value: Any) -> bool:
@@ -85,12 +75,12 @@ def _stored_on(tree: ast.AST) -> tuple[set[str], bool, set[str]]:
             for target in node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]:
                 for sub in ast.walk(target):
                     if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, (ast.Store, ast.Del)):
-                        name = _dotted(sub.value)
+                        name = dotted_name(sub.value)
                         if name is not None:
                             targets.add(name)
         elif isinstance(node, ast.Call):
             if isinstance(node.func, ast.Name) and node.func.id in _SETTERS and node.args:
-                name = _dotted(node.args[0])
+                name = dotted_name(node.args[0])
                 if name is not None:
                     targets.add(name)
             elif isinstance(node.func, ast.Attribute):
