@@ -293,8 +293,10 @@ def run_cells(
         foreseen = session.forecast([(None, code) for code in cells]) if forecast and session is not None else None
         outcomes = [step(index, code) for index, code in enumerate(cells)]
         # Hidden state is observed from inside a new cell, as a user would: a session
-        # may restore it lazily, before the next cell that runs.
-        step(len(cells), f"_nbr_probe = {str(workdir)!r}")
+        # may restore it lazily, before the next cell that runs. The probe names the run's
+        # folder ("audit", "repeat"), so it runs in a repeat, and not its temporary parent,
+        # so two audits of a case store the same objects (a seeded damage picks the same).
+        step(len(cells), f"_nbr_probe = {workdir.name!r}")
         picture = canonical_namespace(shell.user_ns)
         hidden = _hidden_rng()
         env = _env()
