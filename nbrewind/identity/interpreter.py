@@ -43,6 +43,11 @@ _collector_paused = False  # the collector is off for `collector_paused`, not fo
 def collector_paused() -> Iterator[None]:
     """Suspend the cyclic garbage collector for a walk over a whole graph, unseen as state.
 
+    Fingerprinting and rewriting a task graph make a few container objects per task and
+    keep many, so the collector ran again and again over the whole heap: about a third of
+    the rewrite's time on a 100k-task graph. What a walk drops is freed by reference
+    counting; only cyclic garbage waits until the collector runs again after it.
+
     While paused, the collector counts as on for `interpreter_get` and the baseline: a
     snapshot or a task's settings taken during a walk must not record ``gc.disable()`` the
     notebook never made. A notebook's own ``gc.disable()`` put during the pause (a replay)
@@ -113,6 +118,7 @@ def interpreter_get() -> dict[str, int]:
 
 
 def interpreter_put(snapshot: dict[str, int]) -> None:
+    global _collector_paused
     start = _baseline("interpreter")
     wanted = {**start, **snapshot}
     now = _interpreter_now()
@@ -123,7 +129,6 @@ def interpreter_put(snapshot: dict[str, int]) -> None:
     if "int_max_str_digits" in wanted and now.get("int_max_str_digits") != wanted["int_max_str_digits"]:
         sys.set_int_max_str_digits(wanted["int_max_str_digits"])
     if now["gc"] != wanted.get("gc", now["gc"]):
-        global _collector_paused
         if wanted["gc"]:
             gc.enable()
         else:

@@ -113,7 +113,7 @@ class Rebuilder:
         # The files the chain writes, as each cell found them: not as later replays left them.
         files = FilesThen(set().union(*(written_files(b, a) for _, b, a, _ in worlds)), self._state.objects, self._paths)
         self._replaying = True
-        checked: set[str] = set()
+        damaged: dict[str, bool] = {}
         try:
             for step, before, after, inputs in worlds:
                 files.set(before, inputs)
@@ -129,10 +129,12 @@ class Rebuilder:
                 # Only damaged ones are kept (a sound one loads from the store as usual), as
                 # each step ends: a later step may read one, as the notebook's later cell did.
                 for n, d in wrote.items():
-                    if n in found and (d in self._life_values or d not in checked):
-                        checked.add(d)
-                        if d in self._life_values or walk(self._state.objects, [d], verify=True).problems:
-                            self._life_values.setdefault(d, {})[n] = found[n]
+                    if n not in found:
+                        continue
+                    if d not in damaged:
+                        damaged[d] = bool(walk(self._state.objects, [d], verify=True).problems)
+                    if damaged[d]:
+                        self._life_values.setdefault(d, {})[n] = found[n]
         finally:
             self._replaying = False
             files.put_back()

@@ -31,8 +31,8 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nbrewind.identity.interpreter import collector_paused
 from nbrewind.tasks.cache import TaskCache, is_impure, load_result
-from nbrewind.tasks.fingerprint.common import no_cyclic_gc
 from nbrewind.tasks.remote import StoreLink
 from nbrewind.tasks.resume import run_resumable
 from nbrewind.tasks.settings import task_settings
@@ -226,7 +226,7 @@ def rewrite_graph(
 ) -> Rewritten:
     """Rewrite ``dsk`` (materialized; legacy tuples allowed) for the wanted ``keys``
     (``link``: for a distributed scheduler, how workers without the store reach it)."""
-    with no_cyclic_gc():
+    with collector_paused():
         return _rewrite(cache, dsk, keys, all_impure, link)
 
 

@@ -10,7 +10,6 @@ walk (`graph`) are layered on it, in that order.
 
 from __future__ import annotations
 
-import contextlib
 import struct
 import sys
 import types
@@ -20,7 +19,6 @@ from typing import Any
 import xxhash
 
 from nbrewind.errors import NbrewindError
-from nbrewind.identity import interpreter
 
 SCHEME = b"nbrewind-fp/2;"
 _TASK = SCHEME + b"T"
@@ -58,19 +56,6 @@ def _settings_salt(settings: Mapping[str, str]) -> bytes:
     """
     parts = [_name(str(k)) + _name(str(v)) for k, v in sorted(settings.items())]
     return b"$" + _digest(b"%d:" % len(parts) + b"".join(parts))
-
-
-def no_cyclic_gc() -> contextlib.AbstractContextManager[None]:
-    """Suspend the cyclic garbage collector for a walk over a whole graph.
-
-    Fingerprinting and rewriting make a few container objects per task and keep many
-    (the rewritten graph), so the collector ran again and again over the whole heap,
-    graph included: about a third of the rewrite's time on a 100k-task graph. What these
-    walks drop is freed by reference counting; only cyclic garbage waits, until the
-    collector runs again after the walk. The pause is `interpreter.collector_paused`,
-    which settings snapshots taken meanwhile do not see as the notebook's.
-    """
-    return interpreter.collector_paused()
 
 
 class UnfingerprintableError(NbrewindError):

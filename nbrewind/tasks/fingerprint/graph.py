@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from nbrewind.identity.interpreter import collector_paused
 from nbrewind.tasks.fingerprint.common import (
     _DATA,
     _FUNC,
@@ -17,7 +18,6 @@ from nbrewind.tasks.fingerprint.common import (
     _digest,
     _name,
     _settings_salt,
-    no_cyclic_gc,
 )
 from nbrewind.tasks.fingerprint.values import ValueEncoding
 
@@ -75,7 +75,7 @@ class Fingerprinter(ValueEncoding):
             node_files.update((k, dict(v)) for k, v in external_files.items() if v and k in ext)
         self._node_files = node_files
         try:
-            with no_cyclic_gc():
+            with collector_paused():
                 self._traverse(dsk, roots, failed, ext)
         finally:
             self._end_run()
