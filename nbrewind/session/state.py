@@ -137,13 +137,16 @@ class LiveState:
         self._reach: dict[str, set[int]] = {}
         self._holders: dict[int, set[str]] = {}
         self._staged: list[StagedGroup | StagedBlob] = []
+        # Values this checkpoint's grouping just indexed: `remember` need not walk them again.
+        self._indexed_now: dict[str, Any] = {}
 
     # -- identity tracking ----------------------------------------------------
 
     def remember(self, name: str, value: Any) -> None:
         """Record that `name` is bound to `value`, as stored in its entry."""
         self._last[name] = value
-        self._index(name, value)
+        if self._indexed_now.get(name, _NOTHING) is not value:
+            self._index(name, value)
 
     def mark_used(self, reads: Iterable[str], code_digest: str, inputs: Mapping[str, str]) -> None:
         """A cell run (recorded or replayed) read these names: every unstorable one it did
@@ -190,7 +193,9 @@ class LiveState:
         """Co-variable groups containing the candidates, from fresh reach sets."""
         for name in candidates:
             if name in present:
-                self._index(name, dict.__getitem__(namespace, name))
+                value = dict.__getitem__(namespace, name)
+                self._index(name, value)
+                self._indexed_now[name] = value
         parent: dict[str, str] = {}
 
         def find(x: str) -> str:
@@ -234,10 +239,24 @@ class LiveState:
         are names the cell may have rebound or mutated.
         """
         started = time.perf_counter()
-        written = 0
-        seen: dict[int, str | Unserializable] = {}  # aliases share one object: digest it once
         staged: list[StagedGroup | StagedBlob] = []  # in commit order
         self._staged = staged
+        try:
+            return self._checkpoint(namespace, user_names, candidates, staged, started, unserializable_context)
+        finally:
+            self._indexed_now.clear()
+
+    def _checkpoint(
+        self,
+        namespace: dict[str, Any],
+        user_names: set[str],
+        candidates: set[str],
+        staged: list[StagedGroup | StagedBlob],
+        started: float,
+        unserializable_context: Callable[[], dict[str, Any]] | None,
+    ) -> CheckpointResult:
+        written = 0
+        seen: dict[int, str | Unserializable] = {}  # aliases share one object: digest it once
         changed: dict[str, Entry] = {}
         unser: dict[str, Unserializable] = {}
         deleted = {n for n in self.entries if n not in user_names and not n.startswith("@")}
