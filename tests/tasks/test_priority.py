@@ -824,6 +824,8 @@ def test_clients_created_inside_are_enabled_for_their_lifetime_and_only_they() -
                 def plugins(dask_scheduler: Any) -> list[str]:
                     return list(dask_scheduler.plugins)
 
+                # Registered from the client's loop, without holding up Client().
+                priority.auto.registration(inside).result(timeout=120)
                 assert priority.PLUGIN_NAME in inside.run_on_scheduler(plugins)
                 # Held in names: a future dropped at once is released by the client's loop,
                 # and one left alone is all its client holds (nothing to overtake, no bump).
@@ -853,10 +855,10 @@ def test_a_failed_bump_never_fails_the_wait_and_warns_once(monkeypatch: pytest.M
     with one_thread_cluster() as client, enable_auto_priority(client):
         monkeypatch.setattr(priority.auto, "is_installed", lambda client: False)
 
-        def broken(client: Any) -> None:
+        async def broken(client: Any) -> None:
             raise OSError("no plugins today")
 
-        monkeypatch.setattr(priority.auto, "install", broken)
+        monkeypatch.setattr(priority.auto, "install_async", broken)
         futures = client.map(gated, range(5), pure=False)
         GATE.open()
         with caplog.at_level("WARNING", logger="nbrewind.tasks.priority.auto"):
@@ -864,6 +866,16 @@ def test_a_failed_bump_never_fails_the_wait_and_warns_once(monkeypatch: pytest.M
             assert client.gather(futures[:2]) == [0, 1]
         warnings = [r for r in caplog.records if r.name == "nbrewind.tasks.priority.auto"]
         assert len(warnings) == 1 and "waiting without a priority bump" in warnings[0].getMessage()
+
+
+@needs_cluster
+def test_a_bump_right_after_client_creation_waits_for_the_plugins_registration() -> None:
+    """Client() no longer waits for the plugins; a wait at once still bumps, after them."""
+    with one_thread_cluster() as before, auto_priority_for_new_clients(), Client(before.cluster) as client:
+        futures = client.map(gated, range(N_TASKS), pure=False)
+        assert open_when_bumped(client, [futures[150].key], futures[150].result) == 150
+        assert priority.auto.is_installed(client)
+        assert not priority.auto._registering  # nothing left in flight or held
 
 
 @needs_cluster

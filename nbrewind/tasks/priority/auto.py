@@ -30,6 +30,7 @@ entering a context imports nothing.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import importlib.abc
 import logging
@@ -62,8 +63,10 @@ _enrollers: list[weakref.WeakSet[Any]] = []
 _unbumped: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 _warned: weakref.WeakSet[Any] = weakref.WeakSet()
 _warned_without_client = False
-#: Bumps in flight (asyncio keeps only weak references to tasks).
+#: Bumps and plugin registrations in flight (asyncio keeps only weak references to tasks).
 _in_flight: set[Any] = set()
+#: A client's plugin registration started on its event loop, shared by its bumps.
+_registering: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def _enabled_for(client: Any) -> bool:
@@ -134,13 +137,38 @@ def _send(client: Any, keys: set[Any]) -> int:
     if len(keys) >= len(client.futures):
         return 0
     try:
-        if not client.asynchronous and not is_installed(client):
-            install(client)
         client.loop.add_callback(_request, client, list(keys))
     except Exception:  # noqa: BLE001
         _warn_once(client, f"could not raise the priority of {len(keys)} futures")
         return 0
     return 1
+
+
+def _registered(client: Any) -> Awaitable[None]:
+    """On ``client``'s event loop: its plugin registration, started once and shared, so
+    a bump sent while it is under way goes out after it."""
+    task = _registering.get(client)
+    if task is None:
+        task = asyncio.ensure_future(install_async(client))
+        _registering[client] = task
+        # Forgotten once done: a failed one is tried again by the next bump.
+        task.add_done_callback(lambda _: _registering.pop(client, None))
+    return task
+
+
+async def _register(client: Any) -> None:
+    """Register the plugins of a client just created, from its event loop, without
+    holding up ``Client()``; log, never raise (a client that closed meanwhile: silently)."""
+    task = asyncio.current_task()
+    _in_flight.add(task)
+    try:
+        if not is_installed(client):
+            await _registered(client)
+    except Exception:  # noqa: BLE001
+        if client.status not in ("closing", "closed"):
+            _warn_once(client, "could not register the priority plugins on the cluster")
+    finally:
+        _in_flight.discard(task)
 
 
 async def _request(client: Any, keys: list[Any]) -> None:
@@ -149,12 +177,33 @@ async def _request(client: Any, keys: list[Any]) -> None:
     _in_flight.add(task)
     try:
         if not is_installed(client):
-            await install_async(client)
+            await _registered(client)
         await client.scheduler.nbrewind_prioritize(keys=keys, auto=True)
     except Exception:  # noqa: BLE001
         _warn_once(client, f"could not raise the priority of {len(keys)} futures")
     finally:
         _in_flight.discard(task)
+
+
+def registration(client: Client) -> concurrent.futures.Future[None]:
+    """The plugin registration of an enabled client, as a future another thread can wait
+    for (it starts one if none is under way)."""
+    out: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    async def done() -> None:
+        try:
+            if not is_installed(client):
+                await _registered(client)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            out.set_exception(exc)
+        else:
+            out.set_result(None)
+
+    loop = client.loop
+    if loop is None:
+        raise ValueError("the client has no event loop")
+    loop.add_callback(done)
+    return out
 
 
 # -- patches ----------------------------------------------------------------------
@@ -254,8 +303,10 @@ def _enroll(client: Any) -> None:
     if client.asynchronous or client.status != "running":
         return  # installed from its event loop at its first bump
     try:
+        # Registering takes two round trips to the scheduler (and from it to every worker):
+        # started on the client's loop, it overlaps the notebook's next steps; a bump waits for it.
         if auto_priority_enabled():
-            install(client)
+            client.loop.add_callback(_register, client)
     except Exception:  # noqa: BLE001 - Client() must work even if the plugins cannot be registered
         _warn_once(client, "could not register the priority plugins on the cluster")
 
@@ -378,8 +429,8 @@ def auto_priority_for_new_clients() -> Iterator[None]:
 
     This is what the NBRewind kernels enter for their own lifetime: a notebook's
     ``Client(...)`` (or ``cluster.get_client()``) is enabled as it is created,
-    and its priority plugins are registered then, so the first wait costs no
-    extra round trip. ``nbrewind.auto-priority: false`` in the dask config
+    and its priority plugins are registered from its event loop then, without
+    holding up ``Client()`` (a bump sent before that finishes waits for it). ``nbrewind.auto-priority: false`` in the dask config
     switches the bumps off (see :mod:`.switch`). Entering imports no dask; on
     exit the clients it enabled are disabled and every patch is undone.
     """
