@@ -32,15 +32,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import importlib.abc
 import logging
 import sys
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
-from types import ModuleType
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from nbrewind.identity.imports import AfterImport
 from nbrewind.tasks.priority.client import _walk, install, install_async, is_installed
 from nbrewind.tasks.priority.switch import auto_priority_enabled
 
@@ -311,51 +310,6 @@ def _enroll(client: Any) -> None:
         _warn_once(client, "could not register the priority plugins on the cluster")
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``then`` right after the ``distributed`` package is first imported.
-
-    It asks the other finders for the spec (so other post-import hooks keep
-    working) and wraps the loader's ``exec_module``.
-    """
-
-    TARGET = "distributed"
-
-    def __init__(self, then: Any) -> None:
-        self.then = then
-        self.active = True
-        self._busy = False
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
-        if fullname != self.TARGET or self._busy or not self.active:
-            return None
-        self._busy = True
-        try:
-            spec = None
-            for finder in list(sys.meta_path):
-                find = getattr(finder, "find_spec", None)
-                if finder is self or find is None:
-                    continue
-                spec = find(fullname, path, target)
-                if spec is not None:
-                    break
-        finally:
-            self._busy = False
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        original = loader.exec_module
-        hook = self
-
-        def exec_module(module: ModuleType) -> None:
-            original(module)
-            if hook.active:
-                hook.active = False
-                hook.then()
-
-        loader.exec_module = exec_module
-        return spec
-
-
 def _install() -> contextlib.ExitStack:
     stack = contextlib.ExitStack()
 
@@ -368,15 +322,9 @@ def _install() -> contextlib.ExitStack:
     if "distributed.client" in sys.modules:
         patch_now()
         return stack
-    hook = _AfterImport(patch_now)
+    hook = AfterImport("distributed", lambda module: patch_now())
     sys.meta_path.insert(0, hook)
-
-    def remove_hook() -> None:
-        hook.active = False
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(hook)
-
-    stack.callback(remove_hook)
+    stack.callback(hook.remove)
     return stack
 
 
