@@ -187,6 +187,8 @@ class StoreHandle:
         """Undo the Dask interception and close the store (after the writer has finished)."""
         with contextlib.suppress(Exception):
             self._interception.close()
+        if self._parts is not None:
+            self._parts.outside.close()
         if self._store is not None:
             with contextlib.suppress(Exception):
                 self._store.close()

@@ -263,3 +263,30 @@ def test_replayed_names_complete_before_they_are_loaded(tmp_path: Path) -> None:
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_a_setting_of_a_library_the_running_cell_never_imports_waits_for_its_import(tmp_path: Path) -> None:
+    """A replayed cell set a dask option: the next cell that runs without touching dask does
+    not import dask to put it back; the first use of dask afterwards sees the option."""
+    env = dict(os.environ, NBREWIND_STORE=str(tmp_path / "store"))
+    setting = 'import dask\n_ = dask.config.set({"array.chunk-size": "7MiB"})'
+    loaded = '__import__("sys").modules.get("dask") is not None'
+    for kernel, cells in (("nbrewind-audit", [setting, "x = 1"]), ("nbrewind-repeat", [setting, "x = 2"])):
+        km, kc = start_new_kernel(kernel_name=kernel, cwd=str(tmp_path), env=env)
+        try:
+            for code in cells:
+                reply, _ = _execute(kc, code)
+                assert reply["content"]["status"] == "ok", reply["content"]
+            msg_id = kc.execute("", silent=True, user_expressions={"loaded": loaded})
+            expressions = _shell_reply(kc, msg_id)["content"]["user_expressions"]
+            if kernel == "nbrewind-repeat":
+                assert expressions["loaded"]["data"]["text/plain"] == "False"  # the replay bound a pending module
+                _, outputs = _execute(kc, 'print(dask.config.get("array.chunk-size"))')
+                text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
+                assert text == "7MiB\n"
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+    with Store.open(tmp_path / "store", create=False) as opened:
+        rows = cell_log(opened, last_session=True)
+    assert [r.decision[0] for r in rows] == ["r", "e", "e"]
