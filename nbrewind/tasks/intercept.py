@@ -27,15 +27,15 @@ Any failure while rewriting is logged and the original graph runs unchanged.
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
-import importlib.machinery
+import functools
 import logging
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
+from nbrewind.identity.imports import after_import
 from nbrewind.tasks.cache import TaskCache
 from nbrewind.tasks.remote import StoreLink
 from nbrewind.tasks.rewrite import Rewritten, flatten_keys, rewrite_graph
@@ -103,62 +103,25 @@ _TARGETS: dict[str, Callable[[contextlib.ExitStack, ModuleType], None]] = {}
 
 
 def _install() -> contextlib.ExitStack:
+    """Patch every target module now if it is loaded, else right after its first import."""
     stack = contextlib.ExitStack()
-    hook = _PostImportHook(stack)
-    sys.meta_path.insert(0, hook)
-    stack.callback(_remove_hook, hook)
-    for name in _TARGETS:
-        module = sys.modules.get(name)
-        if module is not None:
-            hook.patch(name, module)
-    return stack
+    done: set[str] = set()
 
-
-def _remove_hook(hook: _PostImportHook) -> None:
-    hook.active = False
-    with contextlib.suppress(ValueError):
-        sys.meta_path.remove(hook)
-
-
-class _PostImportHook(importlib.abc.MetaPathFinder):
-    """Patches a target module right after it is first imported."""
-
-    def __init__(self, stack: contextlib.ExitStack) -> None:
-        self.stack = stack
-        self.busy: set[str] = set()
-        self.done: set[str] = set()
-        self.active = True
-
-    def patch(self, name: str, module: ModuleType) -> None:
+    def patch(name: str, module: ModuleType) -> None:
         with _lock:
-            if name in self.done or not self.active:
+            if name in done:
                 return
-            self.done.add(name)
+            done.add(name)
             try:
-                _TARGETS[name](self.stack, module)
+                _TARGETS[name](stack, module)
             except Exception:  # a changed dask layout must not break the import
                 logger.warning("NBRewind: could not intercept %s; its tasks are not cached", name, exc_info=True)
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
-        if fullname not in _TARGETS or fullname in self.busy:
-            return None
-        self.busy.add(fullname)
-        try:
-            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        finally:
-            self.busy.discard(fullname)
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return None
-        original = loader.exec_module
-        hook = self
-
-        def exec_module(module: ModuleType) -> None:
-            original(module)
-            hook.patch(fullname, module)
-
-        loader.exec_module = exec_module  # this loader object serves only this module
-        return spec
+    for name in _TARGETS:
+        hook = after_import(name, functools.partial(patch, name))
+        if hook is not None:
+            stack.callback(hook.remove)
+    return stack
 
 
 # -- distributed ----------------------------------------------------------------------------------
