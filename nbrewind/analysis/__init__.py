@@ -7,7 +7,7 @@ groups names whose values share objects (they must be checkpointed together). No
 IPython.
 """
 
-from nbrewind.analysis.aliases import reachable_ids
+from nbrewind.analysis.aliases import reach, reachable_ids
 from nbrewind.analysis.callsites import dotted_name
 from nbrewind.analysis.effects import CallSite, CellEffects, analyze_cell, parse_source
 from nbrewind.analysis.scopes import DYNAMIC_NAMES
@@ -23,6 +23,7 @@ __all__ = [
     "global_names_of",
     "is_notebook_object",
     "parse_source",
+    "reach",
     "reachable_ids",
     "transitive_reads",
     "value_reads",

@@ -297,6 +297,12 @@ def reachable_ids(obj: object, *, max_objects: int = 100_000, max_depth: int = 6
     groups `v` with `a`). Library modules, classes and functions, singletons and small immutable
     values are left out so they never glue variables together.
     """
+    return reach(obj, max_objects=max_objects, max_depth=max_depth)[0]
+
+
+def reach(obj: object, *, max_objects: int = 100_000, max_depth: int = 64) -> tuple[set[int], bool]:
+    """`reachable_ids` of `obj`, and whether no bound cut the walk short. A complete
+    reach holds the reach of every object in it (the same rules walk it from there)."""
     found: set[int] = set()
 
     def visit(key: int) -> bool:
@@ -305,5 +311,6 @@ def reachable_ids(obj: object, *, max_objects: int = 100_000, max_depth: int = 6
         found.add(key)
         return True
 
-    _Walker(max_objects, max_depth).walk(obj, visit)
-    return found
+    walker = _Walker(max_objects, max_depth)
+    walker.walk(obj, visit)
+    return found, not walker.truncated

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nbrewind.analysis import reachable_ids, value_reads
+from nbrewind.analysis import reach, value_reads
 from nbrewind.checkpoint.digests import digest_value
 from nbrewind.checkpoint.serialize import Unserializable, restoring_into
 from nbrewind.identity.modules import is_local_module
@@ -136,6 +136,13 @@ class LiveState:
         self._last: dict[str, Any] = {}
         self._reach: dict[str, set[int]] = {}
         self._holders: dict[int, set[str]] = {}
+        # A value found inside another name's complete reach is indexed by its own id only
+        # (it reaches nothing more: `ax` inside `fig`). Such a short reach is as good as a
+        # full one while that other name's reach stands; when it is forgotten, the short
+        # ones become stale and are walked in full before the next grouping.
+        self._inside: dict[str, str] = {}
+        self._holds_inside: dict[str, set[str]] = {}
+        self._stale: set[str] = set()
         self._staged: list[StagedGroup | StagedBlob] = []
         # Values this checkpoint's grouping just indexed: `remember` need not walk them again.
         self._indexed_now: dict[str, Any] = {}
@@ -172,16 +179,32 @@ class LiveState:
                 out.add(name)
         return out
 
-    def _index(self, name: str, value: Any) -> None:
+    def _index(self, name: str, value: Any, complete: dict[str, set[int]] | None = None) -> None:
+        """Index what `value` reaches under `name`; `complete` holds this grouping's complete
+        reaches so far (and gets this one if it is complete)."""
         self.forget_reach(name)
         if isinstance(value, types.ModuleType):
             return
-        ids = reachable_ids(value)
+        key = id(value)
+        owner = next((other for other, ids in (complete or {}).items() if key in ids), None)
+        if owner is not None:
+            ids = {key}
+            self._inside[name] = owner
+            self._holds_inside.setdefault(owner, set()).add(name)
+        else:
+            ids, whole = reach(value)
+            if whole and complete is not None:
+                complete[name] = ids
         self._reach[name] = ids
         for oid in ids:
             self._holders.setdefault(oid, set()).add(name)
 
     def forget_reach(self, name: str) -> None:
+        self._stale.discard(name)
+        owner = self._inside.pop(name, None)
+        if owner is not None:
+            self._holds_inside.get(owner, set()).discard(name)
+        self._stale.update(self._holds_inside.pop(name, ()))
         for oid in self._reach.pop(name, ()):
             holders = self._holders.get(oid)
             if holders is not None:
@@ -191,7 +214,14 @@ class LiveState:
 
     def _groups(self, candidates: set[str], namespace: dict[str, Any], present: set[str]) -> list[tuple[str, ...]]:
         """Co-variable groups containing the candidates, from fresh reach sets."""
-        for name in candidates:
+        complete: dict[str, set[int]] = {}
+        # Larger reaches first, so the values inside them need no walk of their own.
+        for name in sorted((n for n in candidates if n in present), key=lambda n: (-len(self._reach.get(n, ())), n)):
+            value = dict.__getitem__(namespace, name)
+            self._index(name, value, complete)
+            self._indexed_now[name] = value
+        while self._stale:
+            name = self._stale.pop()
             if name in present:
                 value = dict.__getitem__(namespace, name)
                 self._index(name, value)

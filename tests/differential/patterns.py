@@ -155,6 +155,7 @@ def sqlite_five_rows(workdir: Path) -> None:
 _HELPERS_V1 = "def f(x):\n    return x + 1\n"
 _HELPERS_V2 = "def f(x):\n    return x * 10\n"
 _ACC = "class Acc:\n    def __init__(self):\n        self.items = []\n    def apply(self, x):\n        self.items.append(x)"
+_NODE_CLASS = "class Node:\n    def __init__(self, kids=()):\n        self.kids = list(kids)\n        self.val = 0"
 _CLASS_C = "class C:\n    def f(self):\n        return 1"
 _SCALE = "SCALE = 1\ndef f(x):\n    return x * SCALE\n"
 _WARN = 'try:\n    warnings.warn("careful", UserWarning)\n    print("no error")\nexcept UserWarning as e:\n    print("raised", e)'
@@ -173,6 +174,28 @@ PATTERNS: list[Pattern] = [
         "sharing replays the reader, which shows the write through x[0] in x[1]",
         ["l = [1, 2]", "x = [l, l]", "x[0].append(9)\nprint(x[1])"],
         edit={1: "x = [l, list(l)]  # a copy now"},
+    ),
+    pattern(
+        "inner_alias_outlives_its_owner",
+        "sub is inside big's reach and indexed short; once big is deleted, leaf = sub.kids[0] must still be "
+        "grouped with sub, or the restored leaf is a copy and the write through it misses sub",
+        [_NODE_CLASS + "\nbig = Node([Node([Node()])])\nsub = big.kids[0]", "del big", "leaf = sub.kids[0]",
+         "leaf.val = 5\nprint(sub.kids[0].val, leaf is sub.kids[0])"],
+        edit={3: "leaf.val = 6\nprint(sub.kids[0].val, leaf is sub.kids[0])"},
+    ),
+    pattern(
+        "inner_alias_outlives_its_owner_rebound",
+        "as above, but big is rebound to another tree: its old reach goes, sub's short index must not stay",
+        [_NODE_CLASS + "\nbig = Node([Node([Node()])])\nsub = big.kids[0]", "big = Node()", "leaf = sub.kids[0]",
+         "leaf.val = 5\nprint(sub.kids[0].val, leaf is sub.kids[0], len(big.kids))"],
+        edit={3: "leaf.val = 7\nprint(sub.kids[0].val, leaf is sub.kids[0], len(big.kids))"},
+    ),
+    pattern(
+        "inner_alias_and_owner_both_new",
+        "big and sub made in one cell (one walk indexes both); a later cell mutates through sub only",
+        [_NODE_CLASS + "\nbig = Node([Node([Node()])])\nsub = big.kids[0]", "sub.kids[0].val = 3",
+         "print(big.kids[0].kids[0].val, sub is big.kids[0])"],
+        edit={2: "print('v', big.kids[0].kids[0].val, sub is big.kids[0])"},
     ),
     pattern(
         "alias_becomes_copy_same_text",
