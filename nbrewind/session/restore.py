@@ -252,19 +252,14 @@ class Restorer:
         entry: Entry = token
         ns = self._shell.user_ns
         assert isinstance(ns, LazyNamespace)
+        self._writer.flush()  # the value may have been staged by this kernel moments ago, and the replays before
         try:
             if entry.kind == UNSERIALIZABLE:
-                self._writer.flush()  # a rebuild reads the resource's life, the replays before included
                 values = self._rebuilder.rebuild(name, entry)
             else:
-                # The value may have been staged by this kernel moments ago: its objects are
-                # written first. The replays' catalog rows (a lazy job, and its durability
-                # barrier: a whole-filesystem sync) are not needed to read it.
-                self._writer.flush(lazy=False)
                 try:
                     values = self._state.load(entry)
                 except Exception as exc:
-                    self._writer.flush()  # making it again reads which run wrote it
                     values = self._rebuilder.regenerate(name, entry)
                     self._notices.notice(
                         f"NBRewind: {name!r} could not be read from the store ({type(exc).__name__}: {exc}); "

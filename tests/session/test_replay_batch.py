@@ -159,19 +159,3 @@ def test_a_kernel_that_only_replays_never_probes_the_disk(monkeypatch: pytest.Mo
     assert probes == []
     assert [o.decision for o in runner.run(["import numpy as np\nbig = np.ones(300_000)"], "audit")] == ["executed"]
     assert probes == [1]  # the first checkpoint that writes bytes still gets its measurement
-
-
-def test_reading_a_replayed_value_does_not_wait_for_the_replays_batch(runner: Runner) -> None:
-    """Loading a value needs its objects, not the replays' catalog rows: the batch (and the
-    filesystem-wide durability barrier it may take) keeps waiting for idleness."""
-    runner.run(CELLS, "audit")
-    session = runner.new_kernel("repeat")
-    _hold_batches(session)
-    assert [runner.cell(code).decision for code in CELLS] == ["replayed"] * len(CELLS)
-    assert runner.ns.is_pending("z")
-    assert runner.ns["z"] == 4
-    assert not runner.ns.is_pending("z")
-    assert session.writer.pending() == (1, 0)
-    assert _session_runs(runner.store, session) == []
-    session.writer.flush()
-    assert [r.code for r in _session_runs(runner.store, session)] == CELLS
