@@ -286,7 +286,7 @@ def test_a_setting_of_a_library_the_running_cell_never_imports_waits_for_its_imp
                 assert text == "7MiB\n"
         finally:
             kc.stop_channels()
-            km.shutdown_kernel(now=True)
+            km.shutdown_kernel(now=False)  # a graceful shutdown commits the last records
     with Store.open(tmp_path / "store", create=False) as opened:
         rows = cell_log(opened, last_session=True)
     assert [r.decision[0] for r in rows] == ["r", "e", "e"]
