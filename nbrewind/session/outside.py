@@ -61,8 +61,16 @@ class Outside:
     `rel` / `absolute` turn paths into the portable form used in names and back.
     """
 
-    def __init__(self, objects: ObjectStore, entries: dict[str, Entry], rel: Callable[[str], str], absolute: Callable[[str], str]) -> None:
+    def __init__(
+        self,
+        objects: ObjectStore,
+        entries: dict[str, Entry],
+        rel: Callable[[str], str],
+        absolute: Callable[[str], str],
+        warn: Callable[[str, BaseException], None],
+    ) -> None:
         self.objects = objects
+        self._warn = warn
         self.entries = entries
         self.rel = rel
         self.absolute = absolute
@@ -238,7 +246,7 @@ class Outside:
                 name = entry.extra["setting"]
                 self.pending_settings.pop(name, None)
                 self._unapplied.append(f"could not put back the {name} setting a replayed cell made")
-                print(f"NBRewind: could not put back the {name} setting a replayed cell made ({exc}); this cell will not be replayed", file=sys.stderr)
+                self._warn(f"could not put back the {name} setting a replayed cell made; this cell will not be replayed", exc)
 
     def close(self) -> None:
         """Stop waiting for imports."""

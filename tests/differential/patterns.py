@@ -175,20 +175,16 @@ PATTERNS: list[Pattern] = [
         ["l = [1, 2]", "x = [l, l]", "x[0].append(9)\nprint(x[1])"],
         edit={1: "x = [l, list(l)]  # a copy now"},
     ),
-    pattern(
-        "inner_alias_outlives_its_owner",
-        "sub is inside big's reach and indexed short; once big is deleted, leaf = sub.kids[0] must still be "
-        "grouped with sub, or the restored leaf is a copy and the write through it misses sub",
-        [_NODE_CLASS + "\nbig = Node([Node([Node()])])\nsub = big.kids[0]", "del big", "leaf = sub.kids[0]",
-         "leaf.val = 5\nprint(sub.kids[0].val, leaf is sub.kids[0])"],
-        edit={3: "leaf.val = 6\nprint(sub.kids[0].val, leaf is sub.kids[0])"},
-    ),
-    pattern(
-        "inner_alias_outlives_its_owner_rebound",
-        "as above, but big is rebound to another tree: its old reach goes, sub's short index must not stay",
-        [_NODE_CLASS + "\nbig = Node([Node([Node()])])\nsub = big.kids[0]", "big = Node()", "leaf = sub.kids[0]",
-         "leaf.val = 5\nprint(sub.kids[0].val, leaf is sub.kids[0], len(big.kids))"],
-        edit={3: "leaf.val = 7\nprint(sub.kids[0].val, leaf is sub.kids[0], len(big.kids))"},
+    *(
+        pattern(
+            f"inner_alias_outlives_its_owner{suffix}",
+            f"sub is inside big's reach and indexed short; once big {how}, leaf = sub.kids[0] must still be "
+            "grouped with sub, or the restored leaf is a copy and the write through it misses sub",
+            [_NODE_CLASS + "\nbig = Node([Node([Node()])])\nsub = big.kids[0]", goes, "leaf = sub.kids[0]",
+             "leaf.val = 5\nprint(sub.kids[0].val, leaf is sub.kids[0])"],
+            edit={3: "leaf.val = 6\nprint(sub.kids[0].val, leaf is sub.kids[0])"},
+        )
+        for suffix, how, goes in (("", "is deleted", "del big"), ("_rebound", "is rebound to another tree", "big = Node()"))
     ),
     pattern(
         "inner_alias_and_owner_both_new",

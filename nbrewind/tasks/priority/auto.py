@@ -155,54 +155,49 @@ def _registered(client: Any) -> Awaitable[None]:
     return task
 
 
-async def _register(client: Any) -> None:
-    """Register the plugins of a client just created, from its event loop, without
-    holding up ``Client()``; log, never raise (a client that closed meanwhile: silently)."""
+async def _ensure_registered(client: Any) -> None:
+    if not is_installed(client):
+        await _registered(client)
+
+
+@contextlib.contextmanager
+def _in_flight_task() -> Iterator[None]:
     task = asyncio.current_task()
     _in_flight.add(task)
     try:
-        if not is_installed(client):
-            await _registered(client)
-    except Exception:  # noqa: BLE001
-        if client.status not in ("closing", "closed"):
-            _warn_once(client, "could not register the priority plugins on the cluster")
+        yield
     finally:
         _in_flight.discard(task)
+
+
+async def _register(client: Any) -> None:
+    """Register the plugins of a client just created, from its event loop, without
+    holding up ``Client()``; log, never raise (a client that closed meanwhile: silently)."""
+    with _in_flight_task():
+        try:
+            await _ensure_registered(client)
+        except Exception:  # noqa: BLE001
+            if client.status not in ("closing", "closed"):
+                _warn_once(client, "could not register the priority plugins on the cluster")
 
 
 async def _request(client: Any, keys: list[Any]) -> None:
     """Send one automatic bump from the client's event loop; log, never raise."""
-    task = asyncio.current_task()
-    _in_flight.add(task)
-    try:
-        if not is_installed(client):
-            await _registered(client)
-        await client.scheduler.nbrewind_prioritize(keys=keys, auto=True)
-    except Exception:  # noqa: BLE001
-        _warn_once(client, f"could not raise the priority of {len(keys)} futures")
-    finally:
-        _in_flight.discard(task)
+    with _in_flight_task():
+        try:
+            await _ensure_registered(client)
+            await client.scheduler.nbrewind_prioritize(keys=keys, auto=True)
+        except Exception:  # noqa: BLE001
+            _warn_once(client, f"could not raise the priority of {len(keys)} futures")
 
 
 def registration(client: Client) -> concurrent.futures.Future[None]:
     """The plugin registration of an enabled client, as a future another thread can wait
     for (it starts one if none is under way)."""
-    out: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-    async def done() -> None:
-        try:
-            if not is_installed(client):
-                await _registered(client)
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
-            out.set_exception(exc)
-        else:
-            out.set_result(None)
-
     loop = client.loop
     if loop is None:
         raise ValueError("the client has no event loop")
-    loop.add_callback(done)
-    return out
+    return asyncio.run_coroutine_threadsafe(_ensure_registered(client), loop.asyncio_loop)  # type: ignore[attr-defined]
 
 
 # -- patches ----------------------------------------------------------------------
