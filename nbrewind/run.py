@@ -64,6 +64,8 @@ class CellResult:
     seconds: float | None
     source: str
     error: str | None = None
+    nbrewind: dict[str, Any] | None = None
+    """What an NBRewind kernel said it did (the reply's ``metadata.nbrewind``, docs/reply-metadata.md)."""
 
 
 @dataclass
@@ -258,14 +260,18 @@ def run_notebook(
     code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     number = {index: n for n, index in enumerate(code_cells, start=1)}
     stop = threading.Event()
+    said: dict[int, dict[str, Any]] = {}
 
     def on_start(cell: Any, cell_index: int) -> None:
         if stop.is_set():
             raise _Stop
 
     def on_executed(cell: Any, cell_index: int, execute_reply: Any) -> None:
+        info = (execute_reply or {}).get("metadata", {}).get("nbrewind")
+        if info is not None:
+            said[cell_index] = info
         if on_cell is not None and cell_index in number:
-            on_cell(_cell_result(cell, number[cell_index]), len(code_cells))
+            on_cell(_cell_result(cell, number[cell_index], info), len(code_cells))
 
     def interrupt() -> None:
         if stop.is_set():
@@ -308,7 +314,7 @@ def run_notebook(
         result.interrupted = stop.is_set()
         result.failed = result.failed and not result.interrupted
         result.seconds = time.perf_counter() - started
-        result.cells = [_cell_result(nb.cells[i], n) for i, n in number.items()]
+        result.cells = [_cell_result(nb.cells[i], n, said.get(i)) for i, n in number.items()]
         result.cell_seconds = [c.seconds or 0.0 for c in result.cells]
         result.errors = _errors(nb, number)
         if result.errors:
@@ -358,10 +364,10 @@ def _errors(nb: Any, number: Mapping[int, int]) -> list[CellError]:
     return found
 
 
-def _cell_result(cell: Any, n: int) -> CellResult:
+def _cell_result(cell: Any, n: int, said: dict[str, Any] | None = None) -> CellResult:
     error = next((f"{o.get('ename')}: {o.get('evalue')}".removesuffix(": ") for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
     first = (cell.source.strip().splitlines() or [""])[0]
-    return CellResult(n, cell.get("execution_count"), _seconds(cell), first, error)
+    return CellResult(n, cell.get("execution_count"), _seconds(cell), first, error, said)
 
 
 def _seconds(cell: Any) -> float | None:

@@ -57,6 +57,9 @@ class Cells:
         self, code: str, *, silent: bool = False, store_history: bool = True, cell_id: str | None = None, msg_id: str | None = None
     ) -> CellPlan:
         """Analyse the request and decide: replay it, or run and record it."""
+        opened = self._handle.opened()
+        if opened is not None:
+            opened.restorer.take_brought_back()  # what this request brings back is its own
         if not silent:
             self._channel.new_request()
             self.unrecordable.clear()  # cleared, not replaced: the Restorer appends to this list
@@ -183,4 +186,8 @@ class Cells:
         a request this session made no decision on (a silent one)."""
         if self._outcome is None or self._outcome[0] != msg_id:
             return None
-        return dict(self._outcome[1])
+        info = dict(self._outcome[1])
+        opened = self._handle.opened()
+        if opened is not None:
+            info["brought_back"] = outcome.brought_back(opened.restorer.take_brought_back())
+        return info

@@ -14,15 +14,24 @@ and present in every reply of an NBRewind kernel to a non-silent execute_request
 ``cell_run``   for a replay, the id of the recorded cell run it replayed; None for a
                cell that ran (its record is written in the background after the reply)
 ``recorded``   whether this request leaves a record a repeat can replay
+``brought_back``
+               what the request spent bringing back values replays had left pending
+               (loaded from the store, or rebuilt by re-running the cell that made them)
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbrewind.store import CellRun
 
-__all__ = ["VERSION", "not_recorded", "ran", "replayed"]
+if TYPE_CHECKING:
+    from nbrewind.session.restore import BroughtBack
+
+__all__ = ["VERSION", "brought_back", "not_recorded", "ran", "replayed"]
+
+#: At most this many names are listed per kind; the counts are always complete.
+MAX_NAMES = 20
 
 VERSION = 1
 
@@ -39,7 +48,15 @@ def _base(decision: str, reason: str, duration: float | None, recorded: bool) ->
         "task_misses": 0,
         "cell_run": None,
         "recorded": recorded,
+        "brought_back": {"seconds": 0.0, "loaded": 0, "rebuilt": 0, "names": []},
     }
+
+
+def brought_back(what: BroughtBack) -> dict[str, Any]:
+    """``brought_back``: seconds, how many values were loaded and rebuilt, and the first
+    :data:`MAX_NAMES` names (rebuilt ones first: they cost most)."""
+    names = [*what.rebuilt, *what.loaded][:MAX_NAMES]
+    return {"seconds": round(what.seconds, 6), "loaded": len(what.loaded), "rebuilt": len(what.rebuilt), "names": names}
 
 
 def replayed(reason: str, duration: float, run: CellRun) -> dict[str, Any]:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +29,17 @@ if TYPE_CHECKING:
     from nbrewind.session.writer import BackgroundWriter
     from nbrewind.store.catalog import Catalog
 
-__all__ = ["Restorer", "complete_pending"]
+__all__ = ["BroughtBack", "Restorer", "complete_pending"]
+
+
+@dataclass
+class BroughtBack:
+    """Values a cell found pending (replays bind names lazily) and had to load, or to
+    rebuild by re-running the cell that made them: what a fresh run had in memory."""
+
+    seconds: float = 0.0
+    loaded: list[str] = field(default_factory=list)
+    rebuilt: list[str] = field(default_factory=list)
 
 
 class Restorer:
@@ -68,6 +80,13 @@ class Restorer:
         """Why the current cell must not be recorded: the session's list, cleared per request."""
         # Recorded cells that run again must find the temp files replayed cells left, too.
         rebuilder.before_run = self.apply_pending_files
+        self._depth = 0
+        self._brought_back = BroughtBack()
+
+    def take_brought_back(self) -> BroughtBack:
+        """What bringing back pending values cost since the last call (then start again)."""
+        taken, self._brought_back = self._brought_back, BroughtBack()
+        return taken
 
     def rebuild_pending(self, reads: Iterable[str], *, clients: bool = True) -> None:
         """Before a cell runs, bring back the unstorable values it reads and (unless
@@ -250,6 +269,18 @@ class Restorer:
         """
         __tracebackhide__ = True  # noqa: F841 (IPython hides this frame in tracebacks)
         entry: Entry = token
+        self._depth += 1
+        started = time.perf_counter()
+        try:
+            return self._load_pending(name, entry)
+        finally:
+            self._depth -= 1
+            if self._depth == 0:  # a value made again may load others: count the outermost load once
+                self._brought_back.seconds += time.perf_counter() - started
+                (self._brought_back.rebuilt if entry.kind == UNSERIALIZABLE else self._brought_back.loaded).append(name)
+
+    def _load_pending(self, name: str, entry: Entry) -> dict[str, Any]:
+        __tracebackhide__ = True  # noqa: F841
         ns = self._shell.user_ns
         assert isinstance(ns, LazyNamespace)
         self._writer.flush()  # the value may have been staged by this kernel moments ago, and the replays before

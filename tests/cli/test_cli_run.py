@@ -86,6 +86,7 @@ def test_allow_errors_lists_the_errors_and_exits_0(cli: Cli, tmp_path: Path) -> 
     report = json.loads(result.stdout)
     assert report["error"] == "cell 1 (In [1]): ZeroDivisionError: division by zero"
     assert [(e["cell"], e["ename"]) for e in report["errors"]] == [(1, "ZeroDivisionError"), (3, "KeyError")]
+    assert [c["nbrewind"]["decision"] for c in report["cells"]] == ["ran"] * 3  # each reply's metadata.nbrewind
     text = cli("run", "nb.ipynb", "--allow-errors", "--kernel", "repeat")
     assert text.returncode == 0
     assert text.stderr.splitlines()[-3:] == [

@@ -65,3 +65,20 @@ def test_requests_that_leave_no_record_say_so(tmp_path: Path) -> None:
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_a_cell_that_ran_says_what_it_brought_back(tmp_path: Path) -> None:
+    """Replays leave names pending; the edited cell that reads them pays for loading `x`
+    and for rebuilding `lock` (which cannot be stored) by re-running its cell: the reply
+    says so, and the replies of replayed cells bring back nothing."""
+    cells = ["import threading\nlock = threading.Lock()", "x = list(range(5))", "with lock:\n    print(len(x))"]
+    _session("nbrewind-audit", tmp_path, cells)
+    repeat = _session("nbrewind-repeat", tmp_path, [*cells[:2], "with lock:\n    print(len(x), 'edited')"])
+    first, second, third = (r["metadata"]["nbrewind"] for r in repeat)
+    assert first["decision"] == second["decision"] == "replayed" and third["decision"] == "ran"
+    for replayed in (first, second):
+        assert replayed["brought_back"] == {"seconds": 0.0, "loaded": 0, "rebuilt": 0, "names": []}
+    back = third["brought_back"]
+    assert (back["rebuilt"], back["loaded"]) == (1, 1)
+    assert back["names"] == ["lock", "x"]
+    assert 0 < back["seconds"] <= third["duration"]
