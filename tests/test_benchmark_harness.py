@@ -57,5 +57,11 @@ def test_quick_harness_repeat_outputs_equal_fresh_outputs(tmp_path: Path) -> Non
     stations = summary["ctrend"]["scenarios"]["add-10-stations"]
     assert stations["misses"] == 10 * 3 + 1  # the new stations' clean, anomalies, trend + the aggregation
     assert stations["hits"] == 10  # the old stations' trends, loaded (their upstream culled)
+    # The replies of the cells that ran say what they brought back: the cluster, started again
+    # by re-running its cell for the compute cell that needs it, and the values it reads.
+    said = report["raw"]["ctrend"]["rounds"][0]["scenarios"]["add-10-stations"]["repeat"]["said"]
+    ran = [info["brought_back"] for info in said if info["decision"] == "ran"]
+    assert sum(back["rebuilt"] for back in ran) >= 1 and sum(back["loaded"] for back in ran) >= 1, said
+    assert all(back["seconds"] > 0 for back in ran if back["rebuilt"] or back["loaded"])
     # A late parameter change recomputes no task at all.
     assert summary["ctrend"]["scenarios"]["threshold-0.3"]["misses"] == 0
