@@ -31,7 +31,7 @@ from nbrewind.session.filerecord import Draft, WrittenFiles
 from nbrewind.session.keys import user_names
 from nbrewind.session.plan import CellPlan, LastCell, Paths, RngLedger, env_key, reply_record, run_status
 from nbrewind.session.pseudo import ABSENT, Pseudo
-from nbrewind.session.state import HIDDEN, UNSERIALIZABLE, Entry
+from nbrewind.session.state import HIDDEN, UNSERIALIZABLE, VALUE, Entry
 from nbrewind.store.digest import is_digest
 from nbrewind.store import CellRun
 
@@ -133,6 +133,7 @@ class Recorder:
         """The record of the cell that ran, with its checkpoint staged; `task_cache` logged
         the Dask tasks it computed (the session owns it, with the interception)."""
         assert plan.effects is not None
+        stored_before = {n: e.key for n, e in self._state.entries.items() if e.kind == VALUE}
         result, context_docs = self._checkpoint_names(plan)
         draft = Draft(
             inputs=dict(plan.inputs),
@@ -156,6 +157,7 @@ class Recorder:
             # May have bound it, left it as it was: what it was is what the cell left.
             if name not in draft.changed and name not in rebound:
                 draft.inputs.setdefault(name, key)
+        self._add_carried(plan, reply, result.changed, stored_before, draft.inputs)
         reason = "audit records every cell" if self._mode == "audit" else plan.reason
         run = self.run_record(
             plan, count, "executed", reason, duration,
@@ -173,6 +175,21 @@ class Recorder:
             run = dataclasses.replace(run, task_hits=hits, task_misses=misses)
         last = LastCell(count, "executed", reason, duration, draft.written, result.seconds)
         return Recorded(run, draft.staged, draft.written, tasks, last, draft.unserializable)
+
+    @staticmethod
+    def _add_carried(
+        plan: CellPlan, reply: Mapping[str, Any], changed: Mapping[str, Entry], before: Mapping[str, str], inputs: dict[str, str]
+    ) -> None:
+        """Inputs for the names the cell changed without binding them anew: written through
+        an alias (`row.append(0)` inside `for row in rows.values()` changes `rows`), or stored
+        again with a group a name it bound joined. Their value after the cell is the one they
+        had, changed, so a replay, which binds the recorded value, is right only when they hold
+        what they held before the recorded run, whether or not the cell read them."""
+        carried = {n: before[n] for n, entry in changed.items() if n in before and n not in inputs and entry.kind == VALUE}
+        if not carried:
+            return
+        sure = bound_for_sure(plan.transformed or plan.code) if run_status(reply) == "ok" else frozenset()
+        inputs.update((n, key) for n, key in carried.items() if n not in sure)
 
     def run_record(
         self,

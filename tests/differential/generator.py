@@ -903,6 +903,66 @@ def objarrays(rng: random.Random, s: str) -> Fragment:
     return Fragment("objarrays", cells, edits)
 
 
+def leftovers(rng: random.Random, s: str) -> Fragment:
+    """A loop leaves its variable bound to a container's last item; objects are put into the
+    container through it, the variable is rebound, a new name takes one of those objects and
+    a write through it must show in the container (a list of lists, or a dict's values)."""
+    k1, k2, k3, k4 = _ints(rng, 4)
+    n = rng.randint(2, 5)
+    as_dict = rng.random() < 0.5
+    if as_dict:
+        make = "{" + ", ".join(f"'k{i}': [{k1 + i}]" for i in range(n)) + "}"
+        loop, last = f"rows{s}.values()", f"rows{s}['k{n - 1}']"
+    else:
+        make = "[" + ", ".join(f"[{k1 + i}]" for i in range(n)) + "]"
+        loop, last = f"rows{s}", f"rows{s}[-1]"
+    cells = [
+        f"rows{s} = {make}",
+        f"for row{s} in {loop}:\n    pass",
+        f"row{s}.append([{k2}])\nrow{s}.append({{'v': {k3}}})",
+        f"row{s} = None",
+        f"inner{s} = {last}[-2]\nbox{s} = {last}[-1]",
+        f"inner{s}.append({k4})\nbox{s}['v'] += 1",
+        f"print(rows{s}, inner{s} is {last}[-2], box{s} is {last}[-1])",
+    ]
+    edits = [
+        Edit("leftovers-insert", 2, f"row{s}.append([{_other(rng, k2)}])\nrow{s}.append({{'v': {k3}}})"),
+        Edit("leftovers-write", 5, f"inner{s}.append({_other(rng, k4)})\nbox{s}['v'] += 2"),
+        Edit("leftovers-reader", 6, f"print('rows', rows{s}, inner{s} is {last}[-2], box{s} is {last}[-1])"),
+        Edit("leftovers-loop", 1, f"for row{s} in {loop}:\n    row{s}.append(0)"),
+    ]
+    return Fragment("leftovers", cells, edits)
+
+
+def owners(rng: random.Random, s: str) -> Fragment:
+    """A name holds a part of an owner (a dict's list, a list's list, an object's attribute);
+    one cell changes another part of the owner, a later one writes through the part without
+    naming the owner: replayed, that cell must not bring back the owner as it was recorded."""
+    k1, k2, k3, k4 = _ints(rng, 4)
+    kind = rng.choice(["dict", "list", "object"])
+    if kind == "dict":
+        make, part, other = f"own{s} = {{'x': [{k1}], 'y': [{k2}]}}", f"own{s}['x']", f"own{s}['y']"
+    elif kind == "list":
+        make, part, other = f"own{s} = [[{k1}], [{k2}]]", f"own{s}[0]", f"own{s}[1]"
+    else:
+        make = f"class Own{s}:\n    pass\nown{s} = Own{s}()\nown{s}.x = [{k1}]\nown{s}.y = [{k2}]"
+        part, other = f"own{s}.x", f"own{s}.y"
+    cells = [
+        make,
+        f"part{s} = {part}",
+        f"{other}.append({k3})",
+        f"part{s}.append({k4})",
+        f"print(part{s}, {other}, part{s} is {part})",
+    ]
+    edits = [
+        Edit("owners-other", 2, f"{other}.append({_other(rng, k3)})"),
+        Edit("owners-through", 3, f"part{s}.append({_other(rng, k4)})"),
+        Edit("owners-make", 0, make.replace(f"[{k2}]", f"[{_other(rng, k2)}]")),
+        Edit("owners-reader", 4, f"print('own', part{s}, {other})"),
+    ]
+    return Fragment("owners", cells, edits)
+
+
 FAMILIES: dict[str, FragmentMaker] = {
     "alias": alias,
     "mutfunc": mutfunc,
@@ -927,6 +987,8 @@ FAMILIES: dict[str, FragmentMaker] = {
     "process": process,
     "hooks": hooks,
     "objarrays": objarrays,
+    "leftovers": leftovers,
+    "owners": owners,
 }
 
 

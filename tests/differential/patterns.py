@@ -194,6 +194,21 @@ PATTERNS: list[Pattern] = [
         edit={2: "print('v', big.kids[0].kids[0].val, sub is big.kids[0])"},
     ),
     pattern(
+        "write_through_alias_owner_changed_elsewhere",
+        "inner.append(3) writes big through an alias without reading it; big changed upstream in an other "
+        "key, so a replay that brings back the recorded big shows [2, 5] instead of [2, 6]",
+        ["big = {'x': [1], 'y': [2]}", "inner = big['x']", "big['y'].append(5)", "inner.append(3)", "print(big)"],
+        edit={2: "big['y'].append(6)"},
+    ),
+    pattern(
+        "loop_mutates_every_item",
+        "the edited loop appends to every item of rows through row: rows is only read through a pure "
+        "method (.values()), yet it changed, and a replay of its reader shows the lists without the 0",
+        ["rows = {'k0': [53], 'k1': [54], 'k2': [55]}", "for row in rows.values():\n    pass", "row.append([2])\nrow.append({'v': 18})", "row = None",
+         "inner = rows['k2'][-2]\nbox = rows['k2'][-1]", "inner.append(11)\nbox['v'] += 1", "print(rows)"],
+        edit={1: "for row in rows.values():\n    row.append(0)"},
+    ),
+    pattern(
         "alias_becomes_copy_same_text",
         "the cell making x runs (its code changed) and makes equal content with other sharing; the "
         "unchanged writer-reader cell must run too",
