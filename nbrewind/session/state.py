@@ -155,6 +155,34 @@ class LiveState:
         if self._indexed_now.get(name, _NOTHING) is not value:
             self._index(name, value)
 
+    def _remember_member(self, name: str, value: Any, group: tuple[str, ...]) -> None:
+        """`remember`, for a member of a group this checkpoint just digested.
+
+        A member the cell could not have changed (not walked by this checkpoint's grouping,
+        which walks every candidate), still bound to the object its indexed reach was taken
+        from, joined the group only because a walked member shares objects with it (`row`
+        left by `for row in rows`). Walking it again would find what its reach already
+        holds, plus at most what the walked members reach (objects put into it through
+        them): its reach gains theirs instead of a second walk of a large container.
+        Reaching too much only groups more names together; reaching too little would split
+        a shared object on restore, which this never does.
+        """
+        if (
+            name in self._indexed_now
+            or name in self._stale
+            or name not in self._reach
+            or self._last.get(name, _NOTHING) is not value
+        ):
+            self.remember(name, value)
+            return
+        ids = self._reach[name]
+        for other in group:
+            if other != name and other in self._indexed_now:
+                more = self._reach.get(other, set()) - ids
+                ids |= more
+                for oid in more:
+                    self._holders.setdefault(oid, set()).add(name)
+
     def mark_used(self, reads: Iterable[str], code_digest: str, inputs: Mapping[str, str]) -> None:
         """A cell run (recorded or replayed) read these names: every unstorable one it did
         not bind anew gets a key that says so, so a later cell keys on the resource's whole
@@ -324,7 +352,7 @@ class LiveState:
             keys = {n: value_key(str(digests[n]), names) for n in names}
             if all(self.entries.get(n) is not None and self.entries[n].key == keys[n] for n in names):
                 for n in names:
-                    self.remember(n, values[n])
+                    self._remember_member(n, values[n], names)
                 continue
             result = stage_group(self.objects, values)
             if isinstance(result, Unserializable):
@@ -337,7 +365,7 @@ class LiveState:
                 entry = Entry(digest, VALUE, keys[n], names, _value_extra(values[n]))
                 self.entries[n] = entry
                 changed[n] = entry
-                self.remember(n, values[n])
+                self._remember_member(n, values[n], names)
         return CheckpointResult(changed, deleted, written, time.perf_counter() - started, unser, staged)
 
     def _store_split(

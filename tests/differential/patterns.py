@@ -193,6 +193,21 @@ PATTERNS: list[Pattern] = [
          "print(big.kids[0].kids[0].val, sub is big.kids[0])"],
         edit={2: "print('v', big.kids[0].kids[0].val, sub is big.kids[0])"},
     ),
+    *(
+        pattern(
+            f"loop_leftover_carries_an_insert{suffix}",
+            "row is left aliasing rows' last item, and an object is put into rows through it: once row "
+            "is rebound, inner = that object must still be grouped with rows, or the restored inner is a "
+            "copy and the write through it misses rows",
+            [f"rows = {rows}", f"for row in {loop}:\n    pass", "row.append([7])", "row = None", f"inner = {inner}",
+             f"inner.append(8)\nprint(rows, inner is {inner})"],
+            edit={5: f"inner.append(9)\nprint('rows', rows, inner is {inner})"},
+        )
+        for suffix, rows, loop, inner in (
+            ("", "[[1], [2], [3]]", "rows", "rows[-1][-1]"),
+            ("_dict", "{'a': [1], 'b': [2]}", "rows.values()", "rows['b'][-1]"),
+        )
+    ),
     pattern(
         "write_through_alias_owner_changed_elsewhere",
         "inner.append(3) writes big through an alias without reading it; big changed upstream in an other "
