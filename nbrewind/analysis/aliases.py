@@ -44,6 +44,9 @@ MIN_INDEXED_TEXT = 1024
 # name changes nothing a cell can see but `is` (strings too, long or not).
 _ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes})
 
+# Exact types a walk drops before pushing them (their subclasses go through `_classify`).
+_NEVER_INDEXED = frozenset({type(None), bool, int, float, complex})
+
 _NOT_INDEXED_TYPES = (
     type(None),
     bool,
@@ -198,7 +201,9 @@ class _Walker:
                 # group, or the restored instance has a copy of the class and misses
                 # what later cells do to the class itself (`C.f = ...`).
                 children.append(tp)
-            stack.extend((child, depth + 1) for child in children)
+            below = depth + 1
+            # Atoms and short strings are never indexed: left out here, not popped one by one.
+            stack.extend([(c, below) for c in children if type(c) not in _NEVER_INDEXED and not (type(c) is str and len(c) < MIN_INDEXED_TEXT)])
 
 
     @staticmethod
