@@ -144,12 +144,12 @@ def read_file(path: str | os.PathLike[str]) -> tuple[bytes, str]:
     """
     absolute = os.path.abspath(os.fspath(path))
     before = _stat(absolute)
-    quiet_reads.on = True
+    quiet, quiet_reads.on = getattr(quiet_reads, "on", False), True
     try:
         with open(absolute, "rb") as handle:
             data = handle.read()
     finally:
-        quiet_reads.on = False
+        quiet_reads.on = quiet
     digest = xxhash.xxh3_128_hexdigest(data)
     after = _stat(absolute)
     if stat.S_ISREG(after.st_mode) and _key(absolute, after) == _key(absolute, before):
@@ -161,13 +161,13 @@ def _hash_file(path: str) -> str:
     hasher = xxhash.xxh3_128()
     chunk = bytearray(_CHUNK)
     view = memoryview(chunk)
-    quiet_reads.on = True
+    quiet, quiet_reads.on = getattr(quiet_reads, "on", False), True
     try:
         with open(path, "rb", buffering=0) as handle:
             while count := handle.readinto(view):
                 hasher.update(view[:count])
     finally:
-        quiet_reads.on = False
+        quiet_reads.on = quiet
     return hasher.hexdigest()
 
 

@@ -582,3 +582,30 @@ def test_a_flush_for_written_objects_waits_for_jobs_that_are_not_lazy_only() -> 
     finally:
         release.set()
         writer.close()
+
+
+def test_what_the_writer_thread_opens_is_never_a_cells_file(writer: BackgroundWriter, tmp_path: Path) -> None:
+    """A file tracker records every thread's opens (a cell's own threads write files too),
+    but the writer's files are the store's: a job that writes, renames and reads a file
+    outside any exclusion leaves nothing in the tracker, and finds itself quiet."""
+    from nbrewind.checkpoint.hidden import FileTracker
+    from nbrewind.identity.files import quiet_reads, read_file
+
+    seen: list[bool] = []
+
+    def job() -> None:
+        seen.append(getattr(quiet_reads, "on", False))
+        (tmp_path / "tmp.bin").write_bytes(b"abc")
+        (tmp_path / "tmp.bin").replace(tmp_path / "object.bin")
+        read_file(tmp_path / "object.bin")
+        seen.append(getattr(quiet_reads, "on", False))  # read_file gave the flag back as it found it
+
+    tracker = FileTracker()
+    assert tracker.all_threads
+    with tracker.tracking():
+        writer.submit(job)
+        writer.flush()
+    assert seen == [True, True]
+    assert not writer.failures
+    assert not (tracker.reads | tracker.writes), (tracker.reads, tracker.writes)
+    assert not getattr(quiet_reads, "on", False), "the test's own thread stays tracked"
