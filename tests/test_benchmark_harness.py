@@ -54,6 +54,9 @@ def test_quick_harness_repeat_outputs_equal_fresh_outputs(tmp_path: Path) -> Non
         # The unmodified repeat replays the cluster cell instead of starting a cluster.
         assert s["unmodified_decisions"][3] == "replayed", (name, s["unmodified_reasons"])
         assert s["unmodified_decisions"][0] == "replayed", (name, s["unmodified_reasons"])
+        # Every notebook writes its input files: copying them once is the audit's floor, measured beside it.
+        assert s["input_file_bytes"] > 0 and s["copy_floor_s"] > 0, (name, s.get("copy_floor_s"))
+        assert s["audit_overhead_beyond_copy_pct"] == pytest.approx(s["audit_overhead_pct"] - s["copy_floor_pct"])
     stations = summary["ctrend"]["scenarios"]["add-10-stations"]
     assert stations["misses"] == 10 * 3 + 1  # the new stations' clean, anomalies, trend + the aggregation
     assert stations["hits"] == 10  # the old stations' trends, loaded (their upstream culled)
