@@ -563,8 +563,15 @@ def test_cancelling_the_rest_of_a_chain_releases_its_link() -> None:
     first link holds no thread (the timeout is long enough to tell)."""
     with one_thread_cluster() as client:
         futures, chain = _bumped_chain_behind_the_gate(client)
-        client.cancel(chain)
+        # The worker must have the link before the cancel: a mark still on its way when the
+        # loop below finds nothing pending would come after the gate opens, and the release
+        # that follows it after the link has finished and taken its hold.
+        wait_for_bump(client, [futures[TARGET].key], held=True)
         deadline = time.monotonic() + BUMP_TIMEOUT
+        while not _holds(client)["pending"]:
+            assert time.monotonic() < deadline, "the worker never marked its link"
+            time.sleep(0.01)
+        client.cancel(chain)
         while _holds(client)["pending"]:
             assert time.monotonic() < deadline, "the worker kept its link"
             time.sleep(0.01)
