@@ -45,7 +45,7 @@ MIN_INDEXED_TEXT = 1024
 _ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes})
 
 # Exact types a walk drops before pushing them (their subclasses go through `_classify`).
-_NEVER_INDEXED = frozenset({type(None), bool, int, float, complex})
+_NEVER_INDEXED = _ATOMS - {str, bytes}
 
 _NOT_INDEXED_TYPES = (
     type(None),

@@ -20,7 +20,7 @@ import xxhash
 if TYPE_CHECKING:
     from nbrewind.identity.memo import DigestMemo
 
-__all__ = ["file_digest", "quiet_reads", "read_file", "remembering"]
+__all__ = ["file_digest", "quiet_reads", "quietly", "read_file", "remembering"]
 
 # Bound at import: a cell may run with os.stat wrapped (file metadata tracking), and
 # NBRewind's own stats must not be recorded as the cell's.
@@ -28,6 +28,17 @@ _stat = os.stat
 
 quiet_reads = threading.local()
 """``quiet_reads.on`` is True while NBRewind itself reads a file, so trackers do not record it."""
+
+
+@contextlib.contextmanager
+def quietly() -> Iterator[None]:
+    """NBRewind's own file work: no cell's reads, writes or stats. Nests: the flag is given
+    back as it was found (the background writer's thread is quiet for good)."""
+    quiet, quiet_reads.on = getattr(quiet_reads, "on", False), True
+    try:
+        yield
+    finally:
+        quiet_reads.on = quiet
 
 _CACHE_SIZE = 4096
 _CHUNK = 1 << 20
@@ -144,12 +155,8 @@ def read_file(path: str | os.PathLike[str]) -> tuple[bytes, str]:
     """
     absolute = os.path.abspath(os.fspath(path))
     before = _stat(absolute)
-    quiet, quiet_reads.on = getattr(quiet_reads, "on", False), True
-    try:
-        with open(absolute, "rb") as handle:
-            data = handle.read()
-    finally:
-        quiet_reads.on = quiet
+    with quietly(), open(absolute, "rb") as handle:
+        data = handle.read()
     digest = xxhash.xxh3_128_hexdigest(data)
     after = _stat(absolute)
     if stat.S_ISREG(after.st_mode) and _key(absolute, after) == _key(absolute, before):
@@ -161,13 +168,9 @@ def _hash_file(path: str) -> str:
     hasher = xxhash.xxh3_128()
     chunk = bytearray(_CHUNK)
     view = memoryview(chunk)
-    quiet, quiet_reads.on = getattr(quiet_reads, "on", False), True
-    try:
-        with open(path, "rb", buffering=0) as handle:
-            while count := handle.readinto(view):
-                hasher.update(view[:count])
-    finally:
-        quiet_reads.on = quiet
+    with quietly(), open(path, "rb", buffering=0) as handle:
+        while count := handle.readinto(view):
+            hasher.update(view[:count])
     return hasher.hexdigest()
 
 

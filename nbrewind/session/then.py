@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from nbrewind.checkpoint import randomness
 from nbrewind.checkpoint.values import load_group
 from nbrewind.identity import settings as settings_registry
-from nbrewind.identity.files import file_digest, quiet_reads
+from nbrewind.identity.files import file_digest, quietly
 from nbrewind.session import pseudo
 from nbrewind.session.pseudo import ABSENT, Pseudo
 from nbrewind.session.state import Entry
@@ -114,7 +114,7 @@ class FilesThen:
     def set(self, entries: Mapping[str, Any], inputs: Mapping[str, str]) -> None:
         """Make each file what a checkpoint's `entries` say it was; a file no earlier cell
         wrote is removed if the re-run cell found it absent (its `inputs`), else left."""
-        with _quietly():
+        with quietly():
             self._set(entries, inputs)
 
     def _set(self, entries: Mapping[str, Any], inputs: Mapping[str, str]) -> None:
@@ -134,7 +134,7 @@ class FilesThen:
     def put_back(self) -> None:
         """Put back every file `set` changed as it was before the first change."""
         saved, self._saved = self._saved, {}
-        with _quietly():
+        with quietly():
             for path, data in saved.items():
                 if data is None or not os.path.isfile(path) or _read(path) != data:
                     _write(path, data)
@@ -145,16 +145,6 @@ class FilesThen:
         if path not in self._saved:
             self._saved[path] = _read(path) if os.path.isfile(path) else None
         _write(path, data)
-
-
-@contextlib.contextmanager
-def _quietly() -> Iterator[None]:
-    """NBRewind's own file work: no cell's reads, writes or stats."""
-    quiet, quiet_reads.on = getattr(quiet_reads, "on", False), True
-    try:
-        yield
-    finally:
-        quiet_reads.on = quiet
 
 
 def _read(path: str) -> bytes:
