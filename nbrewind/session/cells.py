@@ -9,6 +9,7 @@ The Session owns the parts this uses and hands every execute request here.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -109,6 +110,7 @@ class Cells:
 
     def _start_run(self, plan: CellPlan) -> None:
         """Bring back what the cell needs that replays left pending, then start recording it."""
+        began = time.perf_counter()
         parts = self._handle.parts()
         parts.restorer.apply_pending()
         parts.outside.apply_pending()
@@ -117,6 +119,7 @@ class Cells:
         except Exception as exc:
             self._channel.warn("could not bring back a value that cannot be stored (a Dask client, a lock...)", exc)
         parts.recorder.start(plan)
+        plan.prepared = plan.started - began
 
     # -- after a cell ran -----------------------------------------------------------
 
@@ -129,7 +132,7 @@ class Cells:
             self.unrecordable.append("an output message")
             self._channel.notice("NBRewind warning: an output of this cell could not be recorded; this cell is not recorded")
         recorder = self._handle.parts().recorder
-        duration = recorder.stop(plan)
+        duration = recorder.stop(plan) + plan.prepared  # the whole request, as its reply says
         if self.unrecordable:
             # A record would replay a failure that was NBRewind's, not the notebook's, or
             # miss an output the cell showed (the notice said which).

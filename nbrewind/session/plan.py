@@ -49,6 +49,9 @@ class CellPlan:
     """Pending unstorable values the matched cell reads (its effect on them is deferred)."""
     reason: str = ""
     started: float = 0.0
+    prepared: float = 0.0
+    """Seconds the request spent before the run started (putting back what replays left
+    pending): part of its duration, in the reply and in the record."""
     rng_before: dict[str, str] = field(default_factory=dict)
     rng_key_before: dict[str, str] = field(default_factory=dict)
     env_before: dict[str, str] = field(default_factory=dict)
