@@ -20,6 +20,7 @@ import collections
 import datetime
 import enum
 import functools
+import gc
 import itertools
 import pathlib
 import re
@@ -92,6 +93,7 @@ class _Kind(Enum):
     OBJECT = 11  # anything else: walk __dict__ and __slots__
     BUILTIN = 12  # builtin function (skipped) or builtin bound method (walk __self__)
     WEAKREF = 13  # weakref.ref (and subclasses): walk the live referent
+    HOLDER = 14  # a C object of the standard library that sees into a container: walk what it refers to
 
 
 def _is_notebook(obj: object) -> bool:
@@ -146,6 +148,8 @@ class _Walker:
             return _Kind.BUILTIN
         if issubclass(tp, weakref.ReferenceType):
             return _Kind.WEAKREF
+        if _is_holder(tp):
+            return _Kind.HOLDER
         return _Kind.OBJECT
 
     def walk(self, root: object, visit: Callable[[int], bool]) -> None:
@@ -216,6 +220,27 @@ class _Walker:
         return [(item, depth) for item in itertools.islice((i for i in items if type(i) not in _ATOMS), budget + 1)]
 
 
+# Modules whose C types can hold references to the notebook's containers without an
+# instance __dict__: dict views, mappingproxy, iterators, enumerate, zip, map, filter,
+# reversed, itertools' and operator's callables, deque iterators.
+_HOLDER_MODULES = frozenset({"builtins", "itertools", "operator", "collections", "_collections", "functools"})
+# ...except those whose references are frames and code (generators and coroutines are
+# stored or not as themselves), and tracebacks.
+_NOT_HOLDERS = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType, types.FrameType, types.TracebackType)
+
+
+def _is_holder(tp: type) -> bool:
+    """Whether instances of `tp` refer to other objects only from C (no ``__dict__``, no
+    slots) and are a standard-library kind that sees into a container: ``d.keys()`` or
+    ``iter(lst)`` must be restored with ``d`` or ``lst``, and a change to them shows through."""
+    return (
+        getattr(tp, "__module__", None) in _HOLDER_MODULES
+        and tp.__dictoffset__ == 0
+        and not issubclass(tp, _NOT_HOLDERS)
+        and not any("__slots__" in vars(k) for k in tp.__mro__)
+    )
+
+
 def _builtin_self(obj: object) -> object:
     """The object a bound builtin method (`lst.append`) belongs to, else None."""
     if isinstance(obj, types.BuiltinMethodType):
@@ -262,6 +287,8 @@ def _children(obj: object, kind: _Kind) -> list[object]:
             assert isinstance(obj, weakref.ReferenceType)
             referent = obj()
             return [] if referent is None else [referent]
+        if kind is _Kind.HOLDER:
+            return [r for r in gc.get_referents(obj) if not isinstance(r, type)]
         if kind is _Kind.OBJECT:
             return _attributes(obj)
     except RuntimeError:  # a container changed size while we copied it (another thread)
@@ -297,7 +324,10 @@ def reachable_ids(obj: object, *, max_objects: int = 100_000, max_depth: int = 6
 
     Containers, instance attributes, closures, bound methods and weak
     references (to their live referent, so `r = weakref.ref(obj)` groups `r`
-    with `obj`) are followed; arrays and pandas objects are leaves (an array
+    with `obj`) are followed, and so are the standard library's C objects that see
+    into a container (`ks = d.keys()`, `iter(lst)`, `enumerate(lst)`, `zip`,
+    `types.MappingProxyType(d)`, `operator.methodcaller('f', lst)`: through
+    `gc.get_referents`, since they have no attributes); arrays and pandas objects are leaves (an array
     view also yields the id of the root of its `.base` chain, so `v = a[2:5]`
     groups `v` with `a`). Library modules, classes and functions, singletons and small immutable
     values are left out so they never glue variables together.

@@ -1,6 +1,6 @@
 """Reductions that make a restore exact where pickle's defaults are not.
 
-Three kinds of value come back from a plain (cloud)pickle as something subtly
+Several kinds of value come back from a plain (cloud)pickle as something subtly
 different from what the notebook had, and each is fixed here by a reduction
 that :mod:`nbrewind.checkpoint.serialize`'s pickler returns from
 ``reducer_override``:
@@ -20,6 +20,11 @@ that :mod:`nbrewind.checkpoint.serialize`'s pickler returns from
   :func:`reduce_weakref` rebuilds a reference to the referent restored in the
   same pickle, weak containers are rebuilt from their live items, and
   proxies are refused (:class:`Unrestorable`).
+* views into a container.  cloudpickle rebuilds ``ks = d.keys()`` (and
+  ``types.MappingProxyType(d)``) over a copy, and pickle turns an iterator over a
+  dict or set into a list iterator over a copy of what is left, so a later change
+  to ``d`` no longer shows through them.  :data:`SHARING_REDUCERS` rebuild each
+  over the container restored in the same pickle.
 * instances of notebook classes with their own pickling hooks (``__getstate__``
   dropping a cache, ``__reduce__``) are stored whole by
   :mod:`nbrewind.checkpoint.own_state`.
@@ -30,7 +35,12 @@ numpy arrays, so the module is looked up in ``sys.modules`` when needed.
 
 from __future__ import annotations
 
+import collections
+import gc
+import itertools
+import operator
 import sys
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +49,7 @@ import cloudpickle
 
 __all__ = [
     "ArrayViews",
+    "SHARING_REDUCERS",
     "Unrestorable",
     "WEAK_REDUCERS",
     "ordered_class_reduce",
@@ -248,6 +259,96 @@ WEAK_REDUCERS: dict[type, Callable[[Any], Any]] = {
 """Reducers by exact type (subclasses such as ``WeakMethod`` and ``KeyedRef``
 keep pickle's refusal, which makes them Unserializable); ``WeakSet`` is
 already reduced to its items by cloudpickle."""
+
+
+# -- views and iterators over a container ------------------------------------------------
+
+
+def _view(mapping: Any, method: str) -> Any:
+    return getattr(mapping, method)()
+
+
+def _mapping_proxy(mapping: Any) -> types.MappingProxyType[Any, Any]:
+    return types.MappingProxyType(mapping)
+
+
+def _advanced(iterator: Any, consumed: int) -> Any:
+    for _ in itertools.islice(iterator, consumed):
+        pass
+    return iterator
+
+
+def _iterate(container: Any, how: str, consumed: int) -> Any:
+    if how == "set":
+        made = iter(container)
+    elif how.startswith("reversed-"):
+        made = reversed(getattr(container, how.removeprefix("reversed-"))())
+    else:
+        made = iter(getattr(container, how)())
+    return _advanced(made, consumed)
+
+
+def _container_of(obj: object) -> Any:
+    """The one object a view or iterator over a container refers to (None once an
+    iterator is exhausted, when it lets go of its container)."""
+    held = [r for r in gc.get_referents(obj) if type(r) is not tuple]  # an items iterator's reused result
+    return held[0] if len(held) == 1 else None
+
+
+def _reduce_view(view: Any) -> tuple[Any, ...]:
+    """A dict view (``d.keys()``, ``od.items()``...) as a reduce to the same call on its
+    dict: pickled with its group, the dict is restored once (by the memo) and the view
+    is a view of it again, where cloudpickle would rebuild it over a copy of the keys."""
+    return (_view, (_container_of(view), _VIEW_METHODS[type(view)]))
+
+
+def _reduce_mapping_proxy(proxy: Any) -> tuple[Any, ...]:
+    """A ``types.MappingProxyType`` over the mapping restored with its group (cloudpickle
+    would wrap a copy)."""
+    return (_mapping_proxy, (_container_of(proxy),))
+
+
+def _reduce_iterator(iterator: Any) -> Any:
+    """An iterator over a dict or set as a new iterator over the restored container,
+    advanced as far as this one was (pickle would make it a list iterator over a copy
+    of what is left)."""
+    how = _ITERATORS[type(iterator)]
+    container = _container_of(iterator)
+    if container is None:  # exhausted: an exhausted iterator of the same type
+        return (_iterate, (set() if how == "set" else {}, how, 0))
+    consumed = len(container) - operator.length_hint(iterator)
+    return (_iterate, (container, how, consumed))
+
+
+def _reduce_list_reversed(iterator: Any) -> Any:
+    """An exhausted ``reversed(lst)`` as one (pickle would make it a list iterator); a live
+    one already pickles as a reduce over its list."""
+    return (reversed, ([],)) if _container_of(iterator) is None else NotImplemented
+
+
+_EMPTY_MAPPINGS: tuple[dict[Any, Any], ...] = ({}, collections.OrderedDict())
+_VIEW_METHODS: dict[type, str] = {
+    type(getattr(mapping, method)()): method for mapping in _EMPTY_MAPPINGS for method in ("keys", "values", "items")
+}
+_ITERATORS: dict[type, str] = {
+    type(iter({}.keys())): "keys",
+    type(iter({}.values())): "values",
+    type(iter({}.items())): "items",
+    type(reversed({}.keys())): "reversed-keys",
+    type(reversed({}.values())): "reversed-values",
+    type(reversed({}.items())): "reversed-items",
+    type(iter(set())): "set",
+}
+
+SHARING_REDUCERS: dict[type, Callable[[Any], Any]] = {
+    **dict.fromkeys(_VIEW_METHODS, _reduce_view),
+    types.MappingProxyType: _reduce_mapping_proxy,
+    **dict.fromkeys(_ITERATORS, _reduce_iterator),
+    type(reversed([])): _reduce_list_reversed,
+}
+"""Reducers by exact type for objects that see into a container another name may hold.
+Iterators over lists, tuples and deques, ``enumerate``, ``zip``, ``map`` and the like
+already pickle as a reduce over their container or iterator, which the memo shares."""
 
 
 # -- classes pickled by value ----------------------------------------------------------

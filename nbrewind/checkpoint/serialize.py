@@ -40,6 +40,7 @@ from nbrewind.checkpoint.live import LiveResource, live_instance_name, live_reso
 from nbrewind.checkpoint.loading import OwningUnpickler, is_fresh_bytes_array, is_writable
 from nbrewind.checkpoint.own_state import own_state_base, own_state_reduce, user_class
 from nbrewind.checkpoint.reducers import (
+    SHARING_REDUCERS,
     WEAK_REDUCERS,
     ArrayViews,
     Unrestorable,
@@ -158,9 +159,9 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle has no
             base = self._own_state[kind] = own_state_base(kind, user_class)
         if base is not None:
             return own_state_reduce(obj, base)
-        weak = WEAK_REDUCERS.get(kind)
-        if weak is not None:
-            return weak(obj)
+        special = WEAK_REDUCERS.get(kind) or SHARING_REDUCERS.get(kind)
+        if special is not None:
+            return special(obj)
         if isinstance(obj, type):
             if self._for_digest and getattr(obj, "__module__", None) == "__main__":
                 return digest_class(obj)

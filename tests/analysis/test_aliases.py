@@ -57,6 +57,27 @@ def test_dict_keys_tuples_sets_and_deques_are_walked() -> None:
     assert groups_of(ns) == {frozenset({"key", "d", "s", "q"}), frozenset({"alone"})}
 
 
+def test_views_and_iterators_group_with_their_container() -> None:
+    ns = notebook(
+        """
+        import itertools, operator, types
+        d = {"a": [1]}
+        lst = [1, 2]
+        other = [3]
+        ks, proxy, d_iter = d.keys(), types.MappingProxyType(d), iter(d.items())
+        it, pairs, chained, caller = iter(lst), zip(lst, "xy"), itertools.chain(lst), operator.methodcaller("count", lst)
+        gen = (x for x in other)
+        """
+    )
+    del ns["itertools"], ns["operator"], ns["types"]
+    assert groups_of(ns) == {
+        frozenset({"d", "ks", "proxy", "d_iter"}),
+        frozenset({"lst", "it", "pairs", "chained", "caller"}),
+        frozenset({"other"}),
+        frozenset({"gen"}),  # a generator is stored as itself or not at all, never walked
+    }
+
+
 def test_module_and_array_made_with_it_stay_apart() -> None:
     ns = notebook("import numpy as np\nimport pandas as pd\na = np.zeros(3)\ndf = pd.DataFrame({'x': a})")
     assert groups_of(ns) == {frozenset({"np"}), frozenset({"pd"}), frozenset({"a"}), frozenset({"df"})}

@@ -5,10 +5,14 @@ co-variables (one group) in the first place."""
 
 from __future__ import annotations
 
+import collections
 import gc
+import itertools
+import operator
 import os
 import subprocess
 import sys
+import types
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -353,3 +357,73 @@ def test_weak_kinds_that_cannot_be_faithful_are_unserializable(tmp_path: Path) -
         result = stage_group(objects, {"obj": obj, "w": value})
         assert isinstance(result, Unserializable) and result.members == ("w",), result
         assert isinstance(digest_value(value), Unserializable)
+
+
+# -- views and iterators over a container ------------------------------------------------
+
+
+def _holders(d: dict[str, int], s: set[int], lst: list[int]) -> dict[str, Any]:
+    """Every kind of standard-library object that sees into a container, each half consumed
+    where it is an iterator."""
+    od = collections.OrderedDict(d)
+    made: dict[str, Any] = {
+        "d": d, "s": s, "lst": lst, "od": od,
+        "keys": d.keys(), "values": d.values(), "items": d.items(), "od_keys": od.keys(),
+        "proxy": types.MappingProxyType(d),
+        "d_iter": iter(d), "d_values_iter": iter(d.values()), "d_items_iter": iter(d.items()),
+        "d_reversed": reversed(d), "d_reversed_items": reversed(d.items()), "s_iter": iter(s),
+        "l_iter": iter(lst), "l_reversed": reversed(lst), "counted": enumerate(lst), "zipped": zip(lst, lst),
+        "chained": itertools.chain(lst, [0]), "caller": operator.methodcaller("count", lst),
+        "bundle": [d, s, lst, od],  # one group, as one cell's names would be
+    }
+    for name in ("d_iter", "d_values_iter", "d_items_iter", "d_reversed", "d_reversed_items", "s_iter", "l_iter", "counted"):
+        next(made[name])
+    return made
+
+
+def test_views_and_iterators_see_the_restored_container(tmp_path: Path) -> None:
+    """`ks = d.keys()`, `iter(lst)`, `enumerate(lst)`, `MappingProxyType(d)`... restored with
+    their container are views of it again: a change to the container after the load shows
+    through them, and a half-consumed iterator goes on where it stopped, as its own type."""
+    namespace = _holders({"a": 1, "b": 2, "c": 3}, {10, 20, 30}, [1, 2, 3])
+    one_group(namespace)
+    expected = _holders({"a": 1, "b": 2, "c": 3}, {10, 20, 30}, [1, 2, 3])  # never stored
+    restored, _ = store_and_load(tmp_path, namespace)
+    for ns in (restored, expected):
+        ns["d"]["z"] = 9
+        ns["od"]["z"] = 9
+        ns["lst"].append(4)
+    for name, want in expected.items():
+        got = restored[name]
+        assert type(got) is type(want), name
+        if name in ("d", "s", "lst", "od", "bundle"):
+            continue
+        if name == "caller":
+            assert got([[1, 2, 3, 4]]) == want([[1, 2, 3, 4]]) == 1, name
+        elif name in ("keys", "values", "items", "od_keys", "proxy"):
+            assert list(got) == list(want), name
+        elif name not in ("d_iter", "d_values_iter", "d_items_iter", "d_reversed", "d_reversed_items", "s_iter"):
+            assert list(got) == list(want), name  # list iterators follow the list as it grows
+
+
+def test_dict_and_set_iterators_resume_where_they_stopped(tmp_path: Path) -> None:
+    d = {"a": 1, "b": 2, "c": 3}
+    s = {10, 20, 30}
+    namespace = {"d": d, "s": s, "keys": iter(d), "items": iter(d.items()), "back": reversed(d), "members": iter(s), "done": iter(d)}
+    next(namespace["keys"]), next(namespace["items"]), next(namespace["back"]), next(namespace["members"])
+    list(namespace["done"])
+    restored, _ = store_and_load(tmp_path, namespace)
+    for name in ("keys", "items", "back", "members", "done"):
+        assert type(restored[name]) is type(namespace[name]), name  # still live over the container
+    assert list(restored["keys"]) == ["b", "c"]
+    assert list(restored["items"]) == [("b", 2), ("c", 3)]
+    assert list(restored["back"]) == ["b", "a"]
+    assert sorted(restored["members"]) == sorted(s - {next(iter(s))})
+    assert list(restored["done"]) == []
+
+
+def test_a_view_changes_its_key_when_its_dict_changes() -> None:
+    d = {"a": 1}
+    before = digest_value(d.keys())
+    d["b"] = 2
+    assert digest_value(d.keys()) != before
