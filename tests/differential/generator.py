@@ -963,6 +963,47 @@ def owners(rng: random.Random, s: str) -> Fragment:
     return Fragment("owners", cells, edits)
 
 
+# What the `holders` family builds: (container, holder over it, a change to the container that
+# keeps its size where the holder is an iterator over a dict, how a reader uses the holder).
+_HOLDERS = {
+    "keys": ("{{'a': {k1}, 'b': {k2}}}", "c{s}.keys()", "c{s}['n{v}'] = {v}", "list(h{s})"),
+    "values": ("{{'a': {k1}, 'b': {k2}}}", "c{s}.values()", "c{s}['a'] = {v}", "list(h{s})"),
+    "items": ("{{'a': {k1}, 'b': {k2}}}", "c{s}.items()", "c{s}['a'] = {v}", "list(h{s})"),
+    "proxy": ("{{'a': {k1}, 'b': {k2}}}", "types.MappingProxyType(c{s})", "c{s}['n{v}'] = {v}", "dict(h{s})"),
+    "dict-iterator": ("{{'a': {k1}, 'b': {k2}, 'c': 1}}", "iter(c{s}.items())\nnext(h{s})", "c{s}['c'] = {v}", "list(h{s})"),
+    "list-iterator": ("[{k1}, {k2}]", "iter(c{s})", "c{s}.append({v})", "list(h{s})"),
+    "enumerate": ("[{k1}, {k2}]", "enumerate(c{s})", "c{s}.append({v})", "list(h{s})"),
+    "zip": ("[{k1}, {k2}]", "zip(c{s}, c{s})", "c{s}.append({v})", "list(h{s})"),
+    "reversed": ("[{k1}, {k2}]", "reversed(c{s})", "c{s}[0] = {v}", "list(h{s})"),
+    "chain": ("[{k1}, {k2}]", "itertools.chain(c{s}, [0])", "c{s}.append({v})", "list(h{s})"),
+    "caller": ("[{k1}, {k2}]", "operator.methodcaller('count', c{s})", "c{s}.append({v})", "h{s}([c{s}])"),
+}
+
+
+def holders(rng: random.Random, s: str) -> Fragment:
+    """A standard-library object that sees into a container another name holds (a dict
+    view, a mapping proxy, an iterator, enumerate, zip, reversed, itertools.chain,
+    operator.methodcaller): the container changes in a later cell and a reader sees the
+    change through the holder, as a fresh run does."""
+    k1, k2, v = _ints(rng, 3)
+    kind = rng.choice(sorted(_HOLDERS))
+    make, hold, change, read = (part.format(s=s, k1=k1, k2=k2, v=v) for part in _HOLDERS[kind])
+    imports = "import itertools, operator, types\n"
+    if rng.random() < 0.5:
+        cells = [f"{imports}c{s} = {make}\nh{s} = {hold}"]
+    else:
+        cells = [f"{imports}c{s} = {make}", f"h{s} = {hold}"]
+    cells += [change, f"print({read})", f"print('after', c{s})"]
+    at = len(cells) - 3
+    new_v = _other(rng, v)
+    edits = [
+        Edit("holders-change", at, _HOLDERS[kind][2].format(s=s, k1=k1, k2=k2, v=new_v)),
+        Edit("holders-reader", at + 1, f"print('through', {read})"),
+        Edit("holders-make", 0, cells[0].replace(f"{k1}", f"{_other(rng, k1)}", 1)),
+    ]
+    return Fragment("holders", cells, edits)
+
+
 FAMILIES: dict[str, FragmentMaker] = {
     "alias": alias,
     "mutfunc": mutfunc,
@@ -989,6 +1030,7 @@ FAMILIES: dict[str, FragmentMaker] = {
     "objarrays": objarrays,
     "leftovers": leftovers,
     "owners": owners,
+    "holders": holders,
 }
 
 

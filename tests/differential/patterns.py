@@ -1058,6 +1058,21 @@ PATTERNS: list[Pattern] = [
         edit={1: "print('now', gc.isenabled(), socket.getdefaulttimeout(), locale.setlocale(locale.LC_CTYPE))"},
     ),
     pattern(
+        "dict_view_sees_a_later_insert",
+        "ks = d.keys() restored over a copy of d: a key a replayed cell added to d was missing from it "
+        "(['a'] where a fresh run prints ['a', 'b'])",
+        ["d = {'a': 1}\nks = d.keys()", "d['b'] = 2", "print(list(ks))"],
+        edit={2: "print('keys', list(ks))"},
+    ),
+    pattern(
+        "iterators_see_a_later_append",
+        "iter(lst), enumerate(lst) and zip(lst, lst) restored over a copy of lst: an item a replayed cell "
+        "appended was missing from them",
+        ["lst = [1, 2]\nit = iter(lst)\ncounted = enumerate(lst)\npairs = zip(lst, lst)", "lst.append(3)",
+         "print(list(it), list(counted), list(pairs))"],
+        edit={2: "print('all', list(it), list(counted), list(pairs))"},
+    ),
+    pattern(
         "object_array_identity_restore",
         "restored, an object array's element was a copy of the list the notebook also named (is: False)",
         ["import numpy as np\nl = [1]\na = np.empty(1, dtype=object)\na[0] = l", "print(a[0] is l)"],
