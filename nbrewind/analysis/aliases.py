@@ -94,6 +94,8 @@ class _Kind(Enum):
     BUILTIN = 12  # builtin function (skipped) or builtin bound method (walk __self__)
     WEAKREF = 13  # weakref.ref (and subclasses): walk the live referent
     HOLDER = 14  # a C object of the standard library that sees into a container: walk what it refers to
+    SHARER = 15  # a library leaf whose data other names can share (a DataFrame's blocks): indexed with it
+    WRAPPER = 16  # a pandas object around a frame (a groupby, `df.loc`): walk its attributes and its `obj`
 
 
 def _is_notebook(obj: object) -> bool:
@@ -112,6 +114,26 @@ class _Walker:
         self._ndarray: type | None = getattr(numpy, "ndarray", None)
         self._numpy_skip: tuple[type, ...] = tuple(
             t for t in (getattr(numpy, "dtype", None), getattr(numpy, "ufunc", None)) if isinstance(t, type)
+        )
+        # numpy's and pandas' objects whose data another name can share: a random Generator and
+        # its bit generator, `a.flat` and `a`, a frame and `df["x"].to_numpy()` (a view of its block).
+        pandas = sys.modules.get("pandas")
+        self._sharers: tuple[type, ...] = tuple(
+            t
+            for t in (
+                getattr(getattr(numpy, "random", None), "Generator", None),
+                getattr(numpy, "flatiter", None),
+                getattr(getattr(pandas, "core", None), "generic", None) and pandas.core.generic.NDFrame,
+            )
+            if isinstance(t, type)
+        )
+        # pandas' data (frames, indexes, arrays, dtypes) are leaves; its other objects (a groupby,
+        # a rolling window, `df.loc`, `s.str`) hold a frame and are walked like any object.
+        api = getattr(getattr(pandas, "api", None), "extensions", None)
+        self._pandas_data: tuple[type, ...] = tuple(
+            t
+            for t in (getattr(pandas, "Index", None), getattr(api, "ExtensionArray", None), getattr(api, "ExtensionDtype", None))
+            if isinstance(t, type)
         )
 
     def _kind_of_type(self, tp: type) -> _Kind:
@@ -132,7 +154,12 @@ class _Walker:
             return _Kind.TEXT
         if issubclass(tp, (bytearray, memoryview)):
             return _Kind.MEMORYVIEW if tp is memoryview else _Kind.LEAF
-        if str(getattr(tp, "__module__", "")).partition(".")[0] in LEAF_PACKAGES:
+        if self._sharers and issubclass(tp, self._sharers):
+            return _Kind.SHARER
+        top = str(getattr(tp, "__module__", "")).partition(".")[0]
+        if top == "pandas" and not issubclass(tp, self._pandas_data):
+            return _Kind.WRAPPER
+        if top in LEAF_PACKAGES:
             return _Kind.LEAF
         if issubclass(tp, dict):
             return _Kind.MAPPING
@@ -182,14 +209,13 @@ class _Walker:
                 return
             if not visit(id(obj)):
                 continue
+            if kind is _Kind.SHARER:
+                for part in self._shared_parts(obj):
+                    visit(id(part))
+                continue
             if kind is _Kind.ARRAY:
                 # A view shares memory with its base: index the chain's root too.
-                base = getattr(obj, "base", None)
-                while self._ndarray is not None and isinstance(base, self._ndarray):
-                    parent = getattr(base, "base", None)
-                    if parent is None:
-                        break
-                    base = parent
+                base = self._root(obj)
                 if base is not None:
                     visit(id(base))
                 if getattr(getattr(obj, "dtype", None), "kind", "") == "O" and depth < self.max_depth:
@@ -209,6 +235,31 @@ class _Walker:
             # Atoms and short strings are never indexed: left out here, not popped one by one.
             stack.extend([(c, below) for c in children if type(c) not in _NEVER_INDEXED and not (type(c) is str and len(c) < MIN_INDEXED_TEXT)])
 
+
+    def _root(self, array: Any) -> Any:
+        """The root of an array's `.base` chain (None for an array that owns its memory)."""
+        base = getattr(array, "base", None)
+        while self._ndarray is not None and isinstance(base, self._ndarray):
+            parent = getattr(base, "base", None)
+            if parent is None:
+                break
+            base = parent
+        return base
+
+    def _shared_parts(self, obj: Any) -> list[object]:
+        """What a numpy or pandas leaf shares with values another name may hold: its bit
+        generator, the array `a.flat` walks, a frame's block arrays and their roots."""
+        try:
+            if hasattr(obj, "bit_generator"):
+                return [obj.bit_generator]
+            if self._ndarray is not None and isinstance(getattr(obj, "base", None), self._ndarray):  # a flatiter
+                arrays = [obj.base]
+            else:
+                arrays = [a for a in obj._mgr.arrays if self._ndarray is not None and isinstance(a, self._ndarray)]  # a frame's blocks
+            roots = [self._root(a) for a in arrays]
+            return [*arrays, *(r for r in roots if r is not None)]
+        except Exception:  # noqa: BLE001  (a library's internals changed: the leaf alone)
+            return []
 
     @staticmethod
     def _held(array: Any, depth: int, budget: int) -> list[tuple[object, int]]:
@@ -291,6 +342,10 @@ def _children(obj: object, kind: _Kind) -> list[object]:
             return [r for r in gc.get_referents(obj) if not isinstance(r, type)]
         if kind is _Kind.OBJECT:
             return _attributes(obj)
+        if kind is _Kind.WRAPPER:
+            # `df.loc` keeps its frame in a Cython attribute, not in __dict__.
+            held = getattr(obj, "obj", None) if isinstance(getattr(type(obj), "obj", None), types.GetSetDescriptorType) else None
+            return _attributes(obj) + ([] if held is None else [held])
     except RuntimeError:  # a container changed size while we copied it (another thread)
         return []
     return []

@@ -78,6 +78,31 @@ def test_views_and_iterators_group_with_their_container() -> None:
     }
 
 
+def test_pandas_and_numpy_objects_over_a_frame_or_generator_group_with_it() -> None:
+    """A groupby, a rolling window, `df.loc` and a column's `to_numpy()` (a view of the frame's
+    block) see later changes to the frame; a bit generator advances with its Generator."""
+    ns = notebook(
+        """
+        import numpy as np
+        import pandas as pd
+        df = pd.DataFrame({"k": [1, 1, 2], "v": [1.0, 2.0, 3.0]})
+        g, loc, r, arr = df.groupby("k"), df.loc, df["v"].rolling(2), df["v"].to_numpy()
+        other = pd.DataFrame({"k": [1], "v": [1.0]})
+        rng = np.random.default_rng(0)
+        bg = rng.bit_generator
+        a = np.arange(4)
+        f = a.flat
+        """
+    )
+    del ns["np"], ns["pd"]
+    assert groups_of(ns) == {
+        frozenset({"df", "g", "loc", "r", "arr"}),
+        frozenset({"other"}),
+        frozenset({"rng", "bg"}),
+        frozenset({"a", "f"}),
+    }
+
+
 def test_module_and_array_made_with_it_stay_apart() -> None:
     ns = notebook("import numpy as np\nimport pandas as pd\na = np.zeros(3)\ndf = pd.DataFrame({'x': a})")
     assert groups_of(ns) == {frozenset({"np"}), frozenset({"pd"}), frozenset({"a"}), frozenset({"df"})}
@@ -234,7 +259,8 @@ def test_reachable_ids_leaves() -> None:
     a = np.zeros(10)
     df = pd.DataFrame({"x": a})
     assert reachable_ids(a) == {id(a)}
-    assert reachable_ids(df) == {id(df)}
+    blocks = df._mgr.arrays  # a frame is indexed with its block arrays (views of them group with it), not walked
+    assert reachable_ids(df) == {id(df), *(id(b) for b in blocks)} | {id(b.base) for b in blocks if b.base is not None}
     assert reachable_ids(np) == set()
     assert reachable_ids(functools.partial) == set()
 
