@@ -8,6 +8,7 @@ values, so two namespaces from different shells or processes compare with `==`:
 - numpy Generators and `random.Random` instances by their full state;
 - functions by code (bytecode, constants, names), defaults, closure contents,
   and whether their globals are the notebook namespace itself;
+- pandas frames, series and indexes by index, columns, dtypes, values and attrs;
 - modules by name; other objects by type and `__dict__` (or repr);
 - containers recursively. Every non-atomic object gets a number the first time
   it is met (walking names in sorted order); meeting it again yields
@@ -74,6 +75,11 @@ class _Walker:
                 return ("npscalar", value.dtype.str, repr(value))
             if isinstance(value, numpy.random.Generator):
                 return ("np.Generator", self.canon(value.bit_generator.state, depth))
+        pandas = sys.modules.get("pandas")
+        if pandas is not None and isinstance(value, (pandas.DataFrame, pandas.Series, pandas.Index)):
+            # By what it holds: the order of a frame's internal attributes differs after a pickle
+            # round trip (`_typ` appears), which no cell can see through the pandas API.
+            return self._pandas(value, depth)
         if isinstance(value, random.Random):
             return ("random.Random", type(value).__qualname__, self.canon(value.getstate(), depth))
         if isinstance(value, list):
@@ -100,6 +106,18 @@ class _Walker:
         if hasattr(value, "__dict__") and not callable(value):
             return ("object", type(value).__qualname__, self.canon(dict(vars(value)), depth))
         return ("other", type(value).__qualname__, _ADDRESS.sub("0x?", repr(value)))
+
+    def _pandas(self, value: Any, depth: int) -> Any:
+        pandas = sys.modules["pandas"]
+        kind = type(value).__qualname__
+        if isinstance(value, pandas.Index):
+            return ("pandas", kind, str(value.dtype), repr(value.tolist()), repr(value.name))
+        index = self._pandas(value.index, depth)
+        attrs = self.canon(dict(value.attrs), depth)
+        data = repr(value.to_numpy().tolist())
+        if isinstance(value, pandas.DataFrame):
+            return ("pandas", kind, index, repr(value.columns.tolist()), tuple(str(t) for t in value.dtypes), data, attrs)
+        return ("pandas", kind, index, str(value.dtype), data, repr(value.name), attrs)
 
     def _function(self, fn: types.FunctionType, depth: int) -> Any:
         closure = tuple(self._cell(cell, depth) for cell in (fn.__closure__ or ()))

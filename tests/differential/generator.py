@@ -977,18 +977,25 @@ _HOLDERS = {
     "reversed": ("[{k1}, {k2}]", "reversed(c{s})", "c{s}[0] = {v}", "list(h{s})"),
     "chain": ("[{k1}, {k2}]", "itertools.chain(c{s}, [0])", "c{s}.append({v})", "list(h{s})"),
     "caller": ("[{k1}, {k2}]", "operator.methodcaller('count', c{s})", "c{s}.append({v})", "h{s}([c{s}])"),
+    "groupby": ("pd.DataFrame({{'k': [1, 1, 2], 'v': [{k1}.0, {k2}.0, 1.0]}})", "c{s}.groupby('k')", "c{s}.loc[0, 'v'] = {v}.0",
+                "h{s}['v'].sum().tolist()"),
+    "rolling": ("pd.Series([{k1}.0, {k2}.0, 1.0])", "c{s}.rolling(2)", "c{s}.iloc[0] = {v}.0", "h{s}.sum().tolist()"),
+    "loc": ("pd.DataFrame({{'v': [{k1}, {k2}]}})", "c{s}.loc", "c{s}.loc[0, 'v'] = {v}", "int(h{s}[0, 'v'])"),
+    "block-view": ("pd.DataFrame({{'v': [{k1}.0, {k2}.0]}})", "c{s}['v'].to_numpy()", "c{s}.loc[0, 'v'] = {v}.0", "h{s}.tolist()"),
+    "bit-generator": ("np.random.default_rng({k1})", "c{s}.bit_generator", "c{s}.random({v})", "h{s}.state['state']['state']"),
 }
 
 
 def holders(rng: random.Random, s: str) -> Fragment:
-    """A standard-library object that sees into a container another name holds (a dict
-    view, a mapping proxy, an iterator, enumerate, zip, reversed, itertools.chain,
-    operator.methodcaller): the container changes in a later cell and a reader sees the
-    change through the holder, as a fresh run does."""
+    """An object that sees into a container another name holds (a dict view, a mapping
+    proxy, an iterator, enumerate, zip, reversed, itertools.chain, operator.methodcaller;
+    a pandas groupby, rolling window, `df.loc`, a column's `to_numpy()`; a numpy
+    Generator's bit generator): the container changes in a later cell and a reader sees
+    the change through the holder, as a fresh run does."""
     k1, k2, v = _ints(rng, 3)
     kind = rng.choice(sorted(_HOLDERS))
     make, hold, change, read = (part.format(s=s, k1=k1, k2=k2, v=v) for part in _HOLDERS[kind])
-    imports = "import itertools, operator, types\n"
+    imports = "import itertools, operator, types\nimport numpy as np\nimport pandas as pd\n"
     if rng.random() < 0.5:
         cells = [f"{imports}c{s} = {make}\nh{s} = {hold}"]
     else:
