@@ -123,7 +123,7 @@ class _Walker:
             for t in (
                 getattr(getattr(numpy, "random", None), "Generator", None),
                 getattr(numpy, "flatiter", None),
-                getattr(getattr(pandas, "core", None), "generic", None) and pandas.core.generic.NDFrame,
+                getattr(getattr(getattr(pandas, "core", None), "generic", None), "NDFrame", None),
             )
             if isinstance(t, type)
         )
