@@ -86,7 +86,11 @@ def _digest_in_place(obj: object) -> bytes | None:
         return buffer_digest(obj)  # type: ignore[arg-type]
     numpy = sys.modules.get("numpy")
     if numpy is not None and kind is numpy.ndarray:
-        return array_digest(obj)
+        digest = array_digest(obj)
+        if digest is not None and not obj.flags.writeable:  # type: ignore[attr-defined]
+            # `a.setflags(write=False)` changes what a later cell can do with `a`.
+            return xxhash.xxh3_128(digest + b"|read-only").digest()
+        return digest
     return None
 
 

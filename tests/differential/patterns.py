@@ -1073,6 +1073,13 @@ PATTERNS: list[Pattern] = [
         edit={2: "print('all', list(it), list(counted), list(pairs))"},
     ),
     pattern(
+        "array_made_read_only_by_a_replayed_cell",
+        "a.setflags(write=False) in a replayed cell: the array's key ignored the flag, so it was not stored "
+        "again and came back writeable (a later write succeeded where a fresh run raises)",
+        ["import numpy as np\na = np.arange(3)", "a.setflags(write=False)", "print(a.flags.writeable)"],
+        edit={2: "print('writeable', a.flags.writeable)"},
+    ),
+    pattern(
         "object_array_identity_restore",
         "restored, an object array's element was a copy of the list the notebook also named (is: False)",
         ["import numpy as np\nl = [1]\na = np.empty(1, dtype=object)\na[0] = l", "print(a[0] is l)"],
