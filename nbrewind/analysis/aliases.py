@@ -273,8 +273,8 @@ class _Walker:
 
 # Modules whose C types can hold references to the notebook's containers without an
 # instance __dict__: dict views, mappingproxy, iterators, enumerate, zip, map, filter,
-# reversed, itertools' and operator's callables, deque iterators.
-_HOLDER_MODULES = frozenset({"builtins", "itertools", "operator", "collections", "_collections", "functools"})
+# reversed, itertools' and operator's callables, deque iterators, csv readers and writers.
+_HOLDER_MODULES = frozenset({"builtins", "itertools", "operator", "collections", "_collections", "functools", "_csv"})
 # ...except those whose references are frames and code (generators and coroutines are
 # stored or not as themselves), and tracebacks.
 _NOT_HOLDERS = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType, types.FrameType, types.TracebackType)

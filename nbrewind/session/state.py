@@ -19,6 +19,7 @@ from typing import Any
 
 from nbrewind.analysis import reach, value_reads
 from nbrewind.checkpoint.digests import digest_value
+from nbrewind.checkpoint.live import qualified_name
 from nbrewind.checkpoint.serialize import Unserializable, restoring_into
 from nbrewind.identity.modules import is_local_module
 from nbrewind.session.plain import holds_only_plain
@@ -377,16 +378,28 @@ class LiveState:
         unser: dict[str, Unserializable],
         context: Callable[[], dict[str, Any]] | None,
     ) -> int:
-        """Store a group that holds unserializable members: each member on its own."""
+        """Store a group that holds unserializable members: each member on its own.
+
+        A member that pickles but shares objects with one that does not (`buf` under
+        `mv = memoryview(buf)`, a StringIO a csv writer writes into) is not stored either:
+        restored on its own it would be a copy the rebuilt value no longer sees. It is
+        rebuilt with the others, by the cells that made and changed them."""
         written = 0
+        # Still the object its producing cell made: keep pointing at that cell.
+        kept = {n for n in names if (old := self.entries.get(n)) is not None and old.kind == UNSERIALIZABLE and self._last.get(n, _NOTHING) is values[n]}
+        results: dict[str, StagedGroup | Unserializable] = dict(bad)
+        if not bad and not kept:
+            results = {n: stage_group(self.objects, {n: values[n]}) for n in names}
+        unstorable = sorted(kept | {n for n, r in results.items() if isinstance(r, Unserializable)})
         for n in names:
-            value = values[n]
-            old = self.entries.get(n)
-            if old is not None and old.kind == UNSERIALIZABLE and self._last.get(n, _NOTHING) is value:
-                # Still the object its producing cell made: keep pointing at that cell.
+            if unstorable and not isinstance(results.get(n), Unserializable):
+                holders = ", ".join(u for u in unstorable if u != n)
+                results[n] = Unserializable(qualified_name(type(values[n])), f"shares objects with {holders}, which cannot be stored")
+        for n in names:
+            if n in kept:
                 continue
-            reason = bad.get(n)
-            result: StagedGroup | Unserializable = reason if reason is not None else stage_group(self.objects, {n: value})
+            value = values[n]
+            result = results[n]
             if isinstance(result, Unserializable):
                 # The name makes each unstorable value of one cell run a record of its own:
                 # two handles a cell opened must not come back as one object.
