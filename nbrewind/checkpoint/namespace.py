@@ -30,13 +30,14 @@ _MISSING = object()
 class LazyNamespace(dict[str, Any]):
     """A dict that can hold names whose values are still in the store."""
 
-    __slots__ = ("_pending", "_loader", "_loading", "__weakref__")
+    __slots__ = ("_pending", "_loader", "_loading", "_peeking", "__weakref__")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._pending: dict[str, Any] = {}
         self._loader: Loader | None = None
         self._loading: set[str] = set()
+        self._peeking = False
         key = id(self)
         _live[key] = weakref.ref(self, functools.partial(_forget_instance, key))
 
@@ -58,6 +59,20 @@ class LazyNamespace(dict[str, Any]):
 
     def is_pending(self, name: str) -> bool:
         return name in self._pending and not dict.__contains__(self, name)
+
+    @contextlib.contextmanager
+    def peeking(self) -> Iterator[None]:
+        """While inside, `get` answers `default` for a pending name instead of loading it.
+
+        For IPython's input transformation of a one-line cell: its macro and autocall
+        checkers `get` the line's first name only to see whether it is a Macro or an
+        IPyAutocall, and loading it there would load (or rebuild, for a Dask client) every
+        value a replayed one-line cell starts with."""
+        before, self._peeking = self._peeking, True
+        try:
+            yield
+        finally:
+            self._peeking = before
 
     def discard_pending(self, name: str) -> None:
         self._pending.pop(name, None)
@@ -146,7 +161,7 @@ class LazyNamespace(dict[str, Any]):
     def get(self, key: str, default: Any = None) -> Any:
         if dict.__contains__(self, key):
             return dict.__getitem__(self, key)
-        if self._pending and key in self._pending:
+        if self._pending and key in self._pending and not self._peeking:
             try:
                 return self.materialize(key)
             except KeyError:

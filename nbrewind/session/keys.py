@@ -7,6 +7,7 @@ be digested makes the key one no record matches. On repeat the same keys answer
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -66,8 +67,10 @@ class Keys:
         """The request's code, effects and reads, before any input is keyed. `view` is the
         namespace as `transitive_reads` sees it (the kernel's now, unless a forecast says
         otherwise)."""
+        ns = self._shell.user_ns
         try:
-            transformed = self._shell.transform_cell(code)
+            with ns.peeking() if isinstance(ns, LazyNamespace) else contextlib.nullcontext():
+                transformed = self._shell.transform_cell(code)
         except Exception:
             transformed = code
         effects = analyze_cell(transformed, allowed_magics=policy.ALLOWED_MAGICS, code_magics=policy.CODE_MAGICS)

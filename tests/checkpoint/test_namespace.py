@@ -91,3 +91,27 @@ def test_missing_hook_is_only_installed_while_something_is_pending() -> None:
     assert "__missing__" not in LazyNamespace.__dict__
     with pytest.raises(NameError):
         exec("undefined_name", ns)
+
+
+def test_ipython_transforming_a_one_line_cell_loads_nothing_while_peeking() -> None:
+    """IPython's macro and autocall checkers `get` a one-line cell's first name (`df` in
+    `df = df + 1`) while the cell is transformed; peeking, that answers absent instead of
+    loading the value."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    loads: list[str] = []
+    ns = make(loads)
+    ns.set_pending("df", 21)
+    shell = InteractiveShell.instance()
+    saved = shell.user_ns
+    shell.user_ns = ns
+    try:
+        with ns.peeking():
+            assert shell.transform_cell("df = df + 1") == "df = df + 1\n"
+            assert ns.get("df", "absent") == "absent"
+        assert loads == [] and ns.is_pending("df")
+        shell.transform_cell("df = df + 1")
+        assert loads == ["df"]  # without peeking the checkers load it
+    finally:
+        shell.user_ns = saved
+        InteractiveShell.clear_instance()

@@ -1080,6 +1080,21 @@ PATTERNS: list[Pattern] = [
         edit={2: "print('writeable', a.flags.writeable)"},
     ),
     pattern(
+        "memoryview_over_a_bytearray_a_replayed_cell_changed",
+        "mv = memoryview(buf), which cannot be stored: buf was stored on its own, so the rebuilt mv was over a "
+        "new buf without the replayed cell's write (b'ab' where a fresh run prints b'xb')",
+        ["buf = bytearray(b'ab')\nmv = memoryview(buf)", "buf[0] = 120", "print(bytes(mv))"],
+        edit={2: "print('view', bytes(mv))"},
+        replays=(0,),  # the write to a value rebuilt with mv runs
+    ),
+    pattern(
+        "csv_writer_into_a_stringio",
+        "w = csv.writer(buf) keeps buf.write from C: w and buf were stored apart, and the reader printed an "
+        "empty buffer where a fresh run prints the row the replayed cell wrote",
+        ["import csv, io\nbuf = io.StringIO()\nw = csv.writer(buf)", "w.writerow([1, 2])", "print(repr(buf.getvalue()))"],
+        edit={2: "print('csv', repr(buf.getvalue()))"},
+    ),
+    pattern(
         "object_array_identity_restore",
         "restored, an object array's element was a copy of the list the notebook also named (is: False)",
         ["import numpy as np\nl = [1]\na = np.empty(1, dtype=object)\na[0] = l", "print(a[0] is l)"],
