@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbrewind.checkpoint import hidden
+from nbrewind.checkpoint.native_io import reporting_native_io
 from nbrewind.checkpoint.world import WorldTracker
 from nbrewind.session.keys import Keys
 from nbrewind.session.outside import Outside
@@ -153,6 +154,8 @@ class StoreHandle:
             self._interception.enter_context(self._notices.routed_logs())
             # File digests this user's earlier kernels took of unchanged files are not taken again.
             self._interception.enter_context(remembering(DigestMemo.open_default()))
+            # Files pyarrow opens in C++ are reported as opens, so cells that use them are keyed on them.
+            self._interception.enter_context(reporting_native_io())
             # Every Dask task run from now until close() is cached in this store.
             self.task_cache = self._interception.enter_context(intercepting(TaskCache(store.root)))
         return self._store

@@ -149,6 +149,16 @@ def sqlite_five_rows(workdir: Path) -> None:
     _sqlite_rows(workdir / "db.sqlite", 5)
 
 
+def parquet_one_two(workdir: Path) -> None:
+    """t.parquet with v = [1, 2], written by pyarrow (in C++)."""
+    pd.DataFrame({"v": [1, 2]}).to_parquet(workdir / "t.parquet")
+
+
+def parquet_three_four(workdir: Path) -> None:
+    """t.parquet with v = [3, 4]."""
+    pd.DataFrame({"v": [3, 4]}).to_parquet(workdir / "t.parquet")
+
+
 # ---------------------------------------------------------------------------
 # The patterns
 
@@ -1093,6 +1103,23 @@ PATTERNS: list[Pattern] = [
         "empty buffer where a fresh run prints the row the replayed cell wrote",
         ["import csv, io\nbuf = io.StringIO()\nw = csv.writer(buf)", "w.writerow([1, 2])", "print(repr(buf.getvalue()))"],
         edit={2: "print('csv', repr(buf.getvalue()))"},
+    ),
+    pattern(
+        "parquet_input_changed_on_disk",
+        "pd.read_parquet opens the file in pyarrow's C++, so no open was seen: a changed t.parquet replayed "
+        "the old rows ([1, 2] where a fresh run prints [3, 4])",
+        ["import pandas as pd\ndf = pd.read_parquet('t.parquet')", "print(df.v.tolist())"],
+        edit={1: "print('rows', df.v.tolist())"},
+        setup_audit=parquet_one_two,
+        setup_repeat=parquet_three_four,
+        replays=(),  # its input changed
+    ),
+    pattern(
+        "parquet_written_by_a_replayed_cell",
+        "df.to_parquet writes through pyarrow's OSFile: the file was not recorded, so a repeat in a new folder "
+        "did not put it back and the reader raised FileNotFoundError",
+        ["import pandas as pd\npd.DataFrame({'v': [5]}).to_parquet('w.parquet')", "print(pd.read_parquet('w.parquet').v.tolist())"],
+        edit={1: "print('back', pd.read_parquet('w.parquet').v.tolist())"},
     ),
     pattern(
         "object_array_identity_restore",
