@@ -1011,6 +1011,42 @@ def holders(rng: random.Random, s: str) -> Fragment:
     return Fragment("holders", cells, edits)
 
 
+# What the `arrow` family writes and reads through pyarrow's C++ I/O: (write with values a
+# and b, read into got{s}).
+_ARROW = {
+    "parquet": ("pd.DataFrame({{'v': [{a}, {b}]}}).to_parquet('t{s}.parquet')", "got{s} = pd.read_parquet('t{s}.parquet').v.tolist()"),
+    "table": ("pq.write_table(pa.table({{'v': [{a}, {b}]}}), 't{s}.parquet')",
+              "got{s} = pq.read_table('t{s}.parquet').column('v').to_pylist()"),
+    "dataset": ("pq.write_to_dataset(pa.table({{'k': [1, 2], 'v': [{a}, {b}]}}), 'ds{s}', partition_cols=['k'], "
+                "basename_template='part-{{i}}.parquet', existing_data_behavior='delete_matching')",
+                "got{s} = sorted(pq.read_table('ds{s}').column('v').to_pylist())"),
+    "csv": ("pacsv.write_csv(pa.table({{'v': [{a}, {b}]}}), 't{s}.csv')", "got{s} = pacsv.read_csv('t{s}.csv').column('v').to_pylist()"),
+}
+
+
+def arrow(rng: random.Random, s: str) -> Fragment:
+    """A file written and read back through pyarrow, whose opens happen in C++ (a Parquet
+    file from pandas or pyarrow, a partitioned dataset folder, a CSV): written again by a
+    later cell, read again; a replay must put back what each writing cell left."""
+    k1, k2, k3 = _ints(rng, 3)
+    kind = rng.choice(sorted(_ARROW))
+    write, read = _ARROW[kind]
+    imports = "import pandas as pd\nimport pyarrow as pa\nimport pyarrow.csv as pacsv\nimport pyarrow.parquet as pq\n"
+    cells = [
+        imports + write.format(s=s, a=k1, b=k2),
+        read.format(s=s),
+        f"print(got{s})",
+        write.format(s=s, a=k3, b=k2),
+        read.format(s=s) + f"\nprint('again', got{s})",
+    ]
+    edits = [
+        Edit("arrow-first-write", 0, imports + write.format(s=s, a=_other(rng, k1), b=k2)),
+        Edit("arrow-second-write", 3, write.format(s=s, a=_other(rng, k3), b=k2)),
+        Edit("arrow-reader", 2, f"print('read', got{s})"),
+    ]
+    return Fragment("arrow", cells, edits)
+
+
 FAMILIES: dict[str, FragmentMaker] = {
     "alias": alias,
     "mutfunc": mutfunc,
@@ -1038,6 +1074,7 @@ FAMILIES: dict[str, FragmentMaker] = {
     "leftovers": leftovers,
     "owners": owners,
     "holders": holders,
+    "arrow": arrow,
 }
 
 
