@@ -897,6 +897,22 @@ PATTERNS: list[Pattern] = [
         files_repeat={"in.txt": "4 5 6\n"},
         inprocess=False,
     ),
+    pattern(
+        "worker_process_reads_a_changed_file",
+        "a task on a LocalCluster worker process reads in.txt (its path only in the task's arguments), changed "
+        "between runs: no open of it happens in the kernel",
+        [
+            "from distributed import Client, LocalCluster\n"
+            "cluster = LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None)\nclient = Client(cluster)",
+            "def load(p):\n    with open(p) as fh:\n        return sum(int(t) for t in fh.read().split())",
+            'total = client.submit(load, "in.txt").result()\nprint(total)',
+            "client.close()\ncluster.close()\ndel client, cluster",
+        ],
+        files={"in.txt": "1 2 3\n"},
+        files_repeat={"in.txt": "4 5 6\n"},
+        inprocess=False,
+        replays=(0, 1),
+    ),
     # -- Class 6: state outside variables that no pickle reaches ---------------
     pattern(
         "lru_cache_reads_a_changed_global",
@@ -1152,6 +1168,7 @@ KERNEL_PATTERNS: list[str] = [
     "thread_pool_random_restore",
     "generator_consumed_later",
     "distributed_local_cluster_file",
+    "worker_process_reads_a_changed_file",
     "handle_brought_back_after_replayed_writes",
     "handle_on_a_file_no_cell_wrote_brought_back",
     "lru_cache_reads_a_changed_global",
