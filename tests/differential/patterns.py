@@ -1138,6 +1138,14 @@ PATTERNS: list[Pattern] = [
         edit={1: "print('back', pd.read_parquet('w.parquet').v.tolist())"},
     ),
     pattern(
+        "task_reads_an_environment_variable_a_cell_set",
+        "a Dask task whose function reads os.environ['NBR_DIFF_K'], set by an edited cell: the cell ran but its "
+        "task was a cache hit from the audit ((0, 2, 4) where a fresh run prints (0, 4, 8))",
+        ["import dask\nimport os\nos.environ['NBR_DIFF_K'] = '2'\ndef f(x):\n    return x * int(os.environ['NBR_DIFF_K'])",
+         "print(dask.compute(*[dask.delayed(f)(i) for i in range(3)], scheduler='threads'))"],
+        edit={0: "import dask\nimport os\nos.environ['NBR_DIFF_K'] = '4'\ndef f(x):\n    return x * int(os.environ['NBR_DIFF_K'])"},
+    ),
+    pattern(
         "object_array_identity_restore",
         "restored, an object array's element was a copy of the list the notebook also named (is: False)",
         ["import numpy as np\nl = [1]\na = np.empty(1, dtype=object)\na[0] = l", "print(a[0] is l)"],

@@ -132,6 +132,29 @@ def test_edited_global_constant_changes_fingerprint() -> None:
     assert fn_fp(ns["work"]) == before
 
 
+def test_environment_variables_a_function_reads_change_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`os.environ["K"]` and `os.getenv(KEY)` with KEY a string global: the variable's value
+    is part of the fingerprint; other variables are not."""
+    ns = notebook("""
+        import os
+        KEY = "NBR_FP_B"
+        def work(x):
+            return x * int(os.environ["NBR_FP_A"]) + int(os.getenv(KEY, "0"))
+        def plain(x):
+            return x + 1
+    """)
+    for name in ("NBR_FP_A", "NBR_FP_B"):
+        monkeypatch.setenv(name, "1")
+    before, plain = fn_fp(ns["work"]), fn_fp(ns["plain"])
+    for name in ("NBR_FP_A", "NBR_FP_B"):
+        monkeypatch.setenv(name, "2")
+        assert fn_fp(ns["work"]) != before, name
+        monkeypatch.setenv(name, "1")
+    assert fn_fp(ns["work"]) == before
+    monkeypatch.setenv("NBR_FP_OTHER", "9")
+    assert fn_fp(ns["work"]) == before and fn_fp(ns["plain"]) == plain
+
+
 def test_default_argument_and_closure_value_change_fingerprint() -> None:
     assert fn_fp(notebook(BASE)["work"]) != fn_fp(notebook(BASE.replace("y=1", "y=2"))["work"])
     make = notebook("""

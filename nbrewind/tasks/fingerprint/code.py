@@ -6,6 +6,8 @@ drawing from a global RNG."""
 from __future__ import annotations
 
 import functools
+import os
+import re
 import sys
 import types
 from collections.abc import Iterable
@@ -22,6 +24,11 @@ from nbrewind.tasks.fingerprint.common import (
     _digest,
     _name,
 )
+
+
+_ENVIRONMENT_READS = frozenset({"environ", "environb", "getenv", "getenvb"})
+"""Names through which code reads environment variables (attributes of `os`, or imported from it)."""
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class CodeEncoding(EncoderState):
@@ -185,6 +192,13 @@ class CodeEncoding(EncoderState):
                 self._enc(value, out)
         for s in strs:
             self._enc_str(s, out)
+        if _ENVIRONMENT_READS.intersection(anames):
+            # `os.environ["K"]`, `os.getenv(KEY)`: the variables it can name, with their values
+            # now (each string constant of the code, and each string global it reads).
+            candidates = {*strs, *(v for n in gnames if isinstance(v := g.get(n), str))}
+            out.append(b"env")
+            for key in sorted(k for k in candidates if _ENV_NAME.fullmatch(k)):
+                self._enc((key, os.environ.get(key)), out)
 
     def _class_parts(self, cls: type, out: list[bytes]) -> None:
         ver = self._module_version(cls.__module__)
