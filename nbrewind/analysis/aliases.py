@@ -211,7 +211,10 @@ class _Walker:
                 continue
             if kind is _Kind.SHARER:
                 for part in self._shared_parts(obj):
-                    visit(id(part))
+                    if type(part) is dict:
+                        stack.append((part, depth + 1))
+                    else:
+                        visit(id(part))
                 continue
             if kind is _Kind.ARRAY:
                 # A view shares memory with its base: index the chain's root too.
@@ -238,26 +241,33 @@ class _Walker:
 
     def _root(self, array: Any) -> Any:
         """The root of an array's `.base` chain (None for an array that owns its memory)."""
+        ndarray = self._ndarray
         base = getattr(array, "base", None)
-        while self._ndarray is not None and isinstance(base, self._ndarray):
+        while ndarray is not None:
             parent = getattr(base, "base", None)
-            if parent is None:
+            if isinstance(base, ndarray) and parent is not None:
+                base = parent
+            elif not isinstance(base, ndarray) and isinstance(parent, ndarray):
+                base = parent  # an interface object (`as_strided`'s) between two arrays
+            else:
                 break
-            base = parent
         return base
 
     def _shared_parts(self, obj: Any) -> list[object]:
         """What a numpy or pandas leaf shares with values another name may hold: its bit
-        generator, the array `a.flat` walks, a frame's block arrays and their roots."""
+        generator, the array `a.flat` walks, a frame's block arrays and their roots, its
+        index and columns, and its `attrs` dict (walked: its values can be shared too)."""
         try:
             if hasattr(obj, "bit_generator"):
                 return [obj.bit_generator]
             if self._ndarray is not None and isinstance(getattr(obj, "base", None), self._ndarray):  # a flatiter
-                arrays = [obj.base]
-            else:
-                arrays = [a for a in obj._mgr.arrays if self._ndarray is not None and isinstance(a, self._ndarray)]  # a frame's blocks
+                arrays, axes, attrs = [obj.base], [], None
+            else:  # a frame or series (private internals, so guarded)
+                arrays = [a for a in obj._mgr.arrays if self._ndarray is not None and isinstance(a, self._ndarray)]
+                axes = [obj.index, *([obj.columns] if hasattr(obj, "columns") else [])]
+                attrs = obj.__dict__.get("_attrs")
             roots = [self._root(a) for a in arrays]
-            return [*arrays, *(r for r in roots if r is not None)]
+            return [*arrays, *(r for r in roots if r is not None), *axes, *([attrs] if isinstance(attrs, dict) else [])]
         except Exception:  # noqa: BLE001  (a library's internals changed: the leaf alone)
             return []
 

@@ -82,10 +82,14 @@ def array_root(array: Any, ndarray: type) -> Any:
     """
     root: Any = array
     base: Any = array.base
-    while isinstance(base, ndarray):
-        root = base
+    while True:
+        if isinstance(base, ndarray):
+            root = base
+        elif not isinstance(getattr(base, "base", None), ndarray):
+            return root
+        # An interface object between two arrays (`as_strided`'s, under
+        # `sliding_window_view`) is stepped through to the array it exposes.
         base = getattr(base, "base", None)
-    return root
 
 
 def _covers(array: Any, root: Any) -> bool:

@@ -87,6 +87,9 @@ def test_pandas_and_numpy_objects_over_a_frame_or_generator_group_with_it() -> N
         import pandas as pd
         df = pd.DataFrame({"k": [1, 1, 2], "v": [1.0, 2.0, 3.0]})
         g, loc, r, arr = df.groupby("k"), df.loc, df["v"].rolling(2), df["v"].to_numpy()
+        idx, meta = df.index, df.attrs
+        base = np.arange(3)
+        window = np.lib.stride_tricks.sliding_window_view(base, 2)
         other = pd.DataFrame({"k": [1], "v": [1.0]})
         rng = np.random.default_rng(0)
         bg = rng.bit_generator
@@ -96,7 +99,8 @@ def test_pandas_and_numpy_objects_over_a_frame_or_generator_group_with_it() -> N
     )
     del ns["np"], ns["pd"]
     assert groups_of(ns) == {
-        frozenset({"df", "g", "loc", "r", "arr"}),
+        frozenset({"df", "g", "loc", "r", "arr", "idx", "meta"}),
+        frozenset({"base", "window"}),
         frozenset({"other"}),
         frozenset({"rng", "bg"}),
         frozenset({"a", "f"}),
@@ -259,8 +263,11 @@ def test_reachable_ids_leaves() -> None:
     a = np.zeros(10)
     df = pd.DataFrame({"x": a})
     assert reachable_ids(a) == {id(a)}
-    blocks = df._mgr.arrays  # a frame is indexed with its block arrays (views of them group with it), not walked
-    assert reachable_ids(df) == {id(df), *(id(b) for b in blocks)} | {id(b.base) for b in blocks if b.base is not None}
+    # A frame is not walked: it is indexed with what other names can share with it, its
+    # block arrays (and their roots), its index and columns, and its attrs dict.
+    blocks = df._mgr.arrays
+    shared = {id(df), *(id(b) for b in blocks), id(df.index), id(df.columns), id(df.attrs)}
+    assert reachable_ids(df) == shared | {id(b.base) for b in blocks if b.base is not None}
     assert reachable_ids(np) == set()
     assert reachable_ids(functools.partial) == set()
 

@@ -983,6 +983,8 @@ _HOLDERS = {
     "loc": ("pd.DataFrame({{'v': [{k1}, {k2}]}})", "c{s}.loc", "c{s}.loc[0, 'v'] = {v}", "int(h{s}[0, 'v'])"),
     "block-view": ("pd.DataFrame({{'v': [{k1}.0, {k2}.0]}})", "c{s}['v'].to_numpy()", "c{s}.loc[0, 'v'] = {v}.0", "h{s}.tolist()"),
     "bit-generator": ("np.random.default_rng({k1})", "c{s}.bit_generator", "c{s}.random({v})", "h{s}.state['state']['state']"),
+    "index": ("pd.DataFrame({{'v': [{k1}, {k2}]}})", "c{s}.index", "c{s}.index.name = 'n{v}'", "h{s}.name"),
+    "window": ("np.arange({k1}, {k1} + 5)", "np.lib.stride_tricks.sliding_window_view(c{s}, 2)", "c{s}[0] = {v}", "h{s}[0].tolist()"),
 }
 
 
