@@ -159,6 +159,17 @@ def parquet_three_four(workdir: Path) -> None:
     pd.DataFrame({"v": [3, 4]}).to_parquet(workdir / "t.parquet")
 
 
+def _cluster_reads_a_file(how: str) -> list[str]:
+    """A one-worker LocalCluster (`how`: its other arguments), a task reading in.txt, the close."""
+    return [
+        "from distributed import Client, LocalCluster\n"
+        f"cluster = LocalCluster(n_workers=1, {how}, dashboard_address=None)\nclient = Client(cluster)",
+        "def load(p):\n    with open(p) as fh:\n        return sum(int(t) for t in fh.read().split())",
+        'total = client.submit(load, "in.txt").result()\nprint(total)',
+        "client.close()\ncluster.close()\ndel client, cluster",
+    ]
+
+
 # ---------------------------------------------------------------------------
 # The patterns
 
@@ -886,13 +897,7 @@ PATTERNS: list[Pattern] = [
         "distributed_local_cluster_file",
         "a task on an in-process distributed LocalCluster reads in.txt, changed between runs: a stale replay prints 6 instead of 15. "
         "Kernel tier only: a cluster's threads and event loop outlive an in-process shell",
-        [
-            "from distributed import Client, LocalCluster\n"
-            "cluster = LocalCluster(n_workers=1, processes=False, dashboard_address=None)\nclient = Client(cluster)",
-            "def load(p):\n    with open(p) as fh:\n        return sum(int(t) for t in fh.read().split())",
-            'total = client.submit(load, "in.txt").result()\nprint(total)',
-            "client.close()\ncluster.close()\ndel client, cluster",
-        ],
+        _cluster_reads_a_file("processes=False"),
         files={"in.txt": "1 2 3\n"},
         files_repeat={"in.txt": "4 5 6\n"},
         inprocess=False,
@@ -901,13 +906,7 @@ PATTERNS: list[Pattern] = [
         "worker_process_reads_a_changed_file",
         "a task on a LocalCluster worker process reads in.txt (its path only in the task's arguments), changed "
         "between runs: no open of it happens in the kernel",
-        [
-            "from distributed import Client, LocalCluster\n"
-            "cluster = LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None)\nclient = Client(cluster)",
-            "def load(p):\n    with open(p) as fh:\n        return sum(int(t) for t in fh.read().split())",
-            'total = client.submit(load, "in.txt").result()\nprint(total)',
-            "client.close()\ncluster.close()\ndel client, cluster",
-        ],
+        _cluster_reads_a_file("threads_per_worker=1"),
         files={"in.txt": "1 2 3\n"},
         files_repeat={"in.txt": "4 5 6\n"},
         inprocess=False,
