@@ -117,19 +117,21 @@ class _Walker:
         )
         # numpy's and pandas' objects whose data another name can share: a random Generator and
         # its bit generator, `a.flat` and `a`, a frame and `df["x"].to_numpy()` (a view of its block).
+        # Submodules are looked up in sys.modules, never as attributes: numpy imports
+        # `numpy.random` on first attribute access, which would seed and load its global RNG.
         pandas = sys.modules.get("pandas")
         self._sharers: tuple[type, ...] = tuple(
             t
             for t in (
-                getattr(getattr(numpy, "random", None), "Generator", None),
+                getattr(sys.modules.get("numpy.random"), "Generator", None),
                 getattr(numpy, "flatiter", None),
-                getattr(getattr(getattr(pandas, "core", None), "generic", None), "NDFrame", None),
+                getattr(sys.modules.get("pandas.core.generic"), "NDFrame", None),
             )
             if isinstance(t, type)
         )
         # pandas' data (frames, indexes, arrays, dtypes) are leaves; its other objects (a groupby,
         # a rolling window, `df.loc`, `s.str`) hold a frame and are walked like any object.
-        api = getattr(getattr(pandas, "api", None), "extensions", None)
+        api = sys.modules.get("pandas.api.extensions")
         self._pandas_data: tuple[type, ...] = tuple(
             t
             for t in (getattr(pandas, "Index", None), getattr(api, "ExtensionArray", None), getattr(api, "ExtensionDtype", None))

@@ -292,3 +292,25 @@ def test_enum_members_patterns_and_other_immutable_values_do_not_glue() -> None:
     )
     groups = groups_of(ns)
     assert frozenset({"a"}) in groups and frozenset({"b"}) in groups
+
+
+def test_the_walk_imports_nothing() -> None:
+    """numpy loads `numpy.random` (seeding its global RNG) on first attribute access; the
+    walk must not be what loads it, or a checkpoint would change the RNG state it records."""
+    import subprocess
+    import sys
+
+    for setup in ("import numpy", "import numpy, pandas"):
+        code = (
+            f"import sys\n{setup}\n"
+            "from nbrewind.analysis import reachable_ids\n"
+            "values = {'a': numpy.arange(3), 'f': numpy.arange(2).flat}\n"
+            "if 'pandas' in sys.modules:\n"
+            "    values['df'] = sys.modules['pandas'].DataFrame({'v': [1]})\n"
+            "    values['g'] = values['df'].groupby('v')\n"
+            "loaded = set(sys.modules)\n"
+            "reachable_ids(values)\n"
+            "print(sorted(set(sys.modules) - loaded))\n"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+        assert out.stdout.strip() == "[]", (setup, out.stdout)
