@@ -118,6 +118,10 @@ class Unserializable:
     members: tuple[str, ...] = ()
 
 
+_BY_TYPE = {**WEAK_REDUCERS, **SHARING_REDUCERS}
+"""Reducers looked up by an object's exact type (one dict: every pickled object asks)."""
+
+
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle has no annotations
     """cloudpickle's pickler that refuses live resources anywhere in the value.
 
@@ -159,7 +163,7 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle has no
             base = self._own_state[kind] = own_state_base(kind, user_class)
         if base is not None:
             return own_state_reduce(obj, base)
-        special = WEAK_REDUCERS.get(kind) or SHARING_REDUCERS.get(kind)
+        special = _BY_TYPE.get(kind)
         if special is not None:
             return special(obj)
         if isinstance(obj, type):
