@@ -112,12 +112,7 @@ def _wrap_os_file(stack: contextlib.ExitStack, module: ModuleType) -> None:
     make: Any = original.__new__
 
     def __new__(cls: type, path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-        for local in _local_paths(path, None):
-            if "r" in mode:
-                _report_read(local)
-            else:
-                sys.audit("open", local, WRITE, None)
-        return make(cls, path, mode, *args, **kwargs)
+        return _reported(_local_paths(path, None), READ if "r" in mode else WRITE, lambda: make(cls, path, mode, *args, **kwargs))
 
     try:
         reporting = type("OSFile", (original,), {"__new__": __new__, "__module__": original.__module__,
@@ -132,25 +127,28 @@ def _reporting(original: Callable[..., Any], position: int, keyword: str, mode: 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         source = kwargs.get(keyword) if keyword in kwargs else args[position] if len(args) > position else None
-        paths = _local_paths(source, kwargs.get("filesystem"))
-        if not paths:
-            return original(*args, **kwargs)
-        if mode == READ:
-            for path in paths:
-                _report_read(path)
-            return original(*args, **kwargs)
-        before = {path: _files_under(path) for path in paths}
-        for path in paths:
-            if not os.path.isdir(path):
-                sys.audit("open", path, WRITE, None)
-        try:
-            return original(*args, **kwargs)
-        finally:
-            for path, found in before.items():
-                _report_written_under(path, found)
+        return _reported(_local_paths(source, kwargs.get("filesystem")), mode, lambda: original(*args, **kwargs))
 
     wrapper.__nbrewind_reports__ = True  # type: ignore[attr-defined]
     return wrapper
+
+
+def _reported(paths: list[str], mode: str, call: Callable[[], Any]) -> Any:
+    """`call()`, with the opens of `paths` it reads (before it) or writes (a file before it,
+    what it made in a folder after it) raised as audit events."""
+    if mode == READ:
+        for path in paths:
+            _report_read(path)
+        return call()
+    before = {path: _files_under(path) for path in paths}
+    for path in paths:
+        if not os.path.isdir(path):
+            sys.audit("open", path, WRITE, None)
+    try:
+        return call()
+    finally:
+        for path, found in before.items():
+            _report_written_under(path, found)
 
 
 def _local_paths(source: Any, filesystem: Any) -> list[str]:
