@@ -26,7 +26,8 @@ from nbrewind.errors import PackError
 from nbrewind.pack import env
 from nbrewind.pack.inputs import DataFile, code_cells, data_inputs, local_modules
 from nbrewind.pack.manifest import DATA_INDEX, MANIFEST_PATH, FileEntry, Manifest, layout_problems, yaml_records
-from nbrewind.store import Catalog, Record, Store, records, walk
+from nbrewind.store import Catalog, Record, Store, records
+from nbrewind.store.walk import walk
 from nbrewind.store.origin import is_trusted, sign_catalog
 from nbrewind.store.store import CATALOG_NAME, MARKER_NAME
 

@@ -31,7 +31,7 @@ from nbrewind.session import history, policy
 from nbrewind.session.history import Deferred
 from nbrewind.session.state import UNSERIALIZABLE, VALUE, Entry, value_key
 from nbrewind.session.then import FilesThen, as_then, written_files
-from nbrewind.store import walk
+from nbrewind.store.walk import walk
 
 if TYPE_CHECKING:
     from nbrewind.session.notices import Notices

@@ -31,7 +31,8 @@ import nbformat
 from nbformat.v4 import new_code_cell, new_notebook
 
 from nbrewind.errors import StoreError
-from nbrewind.store import Store, records, walk
+from nbrewind.store import Store, records
+from nbrewind.store.walk import walk
 from nbrewind.store.frame import HEADER_SIZE, KIND_TREE
 from nbrewind.store.objects import TREE_MAGIC
 from nbrewind.store.store import CATALOG_NAME, MARKER_NAME

@@ -17,9 +17,9 @@ import zstandard
 
 from nbrewind.checkpoint.values import StagedGroup, load_json, stage_group, stage_json
 from nbrewind.errors import CorruptObjectError, PackError
-from nbrewind.store import BLOB_CHUNK_SIZE, CellRun, Store, du, gc, records, verify_store, walk
+from nbrewind.store import BLOB_CHUNK_SIZE, CellRun, Store, du, gc, records, verify_store
 from nbrewind.store import frame
-from nbrewind.store.walk import MISSING
+from nbrewind.store.walk import MISSING, walk
 
 
 def _age(store: Store, seconds: float = 7200) -> None:

@@ -34,20 +34,36 @@ client waits), ``switch`` (the config key that turns automatic bumps off).
 
 from __future__ import annotations
 
-from nbrewind.tasks.priority.auto import auto_priority_for_new_clients, bump_waited, enable_auto_priority
-from nbrewind.tasks.priority.client import install, prioritize
-from nbrewind.tasks.priority.protocol import (
-    ARRIVAL_WAIT,
-    HOLD_TIMEOUT,
-    PENDING_TTL,
-    PLUGIN_NAME,
-    SCHEDULER_OP,
-    WORKER_OP,
-    bump_head,
-    reheap,
-    strip_bump,
-)
-from nbrewind.tasks.priority.switch import CONFIG_KEY, auto_priority_enabled, set_auto_priority
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nbrewind.tasks.priority.auto import auto_priority_for_new_clients, bump_waited, enable_auto_priority
+    from nbrewind.tasks.priority.client import install, prioritize
+    from nbrewind.tasks.priority.protocol import (
+        ARRIVAL_WAIT,
+        HOLD_TIMEOUT,
+        PENDING_TTL,
+        PLUGIN_NAME,
+        SCHEDULER_OP,
+        WORKER_OP,
+        bump_head,
+        reheap,
+        strip_bump,
+    )
+    from nbrewind.tasks.priority.switch import CONFIG_KEY, auto_priority_enabled, set_auto_priority
+
+# Looked up on first use: a worker unpickling the plugins (``plugins``) needs only
+# ``protocol`` and ``worker_side``, not the client half and its imports.
+_WHERE = {
+    **dict.fromkeys(("auto_priority_for_new_clients", "bump_waited", "enable_auto_priority"), "auto"),
+    **dict.fromkeys(("install", "prioritize"), "client"),
+    **dict.fromkeys(
+        ("ARRIVAL_WAIT", "HOLD_TIMEOUT", "PENDING_TTL", "PLUGIN_NAME", "SCHEDULER_OP", "WORKER_OP", "bump_head", "reheap", "strip_bump"),
+        "protocol",
+    ),
+    **dict.fromkeys(("CONFIG_KEY", "auto_priority_enabled", "set_auto_priority"), "switch"),
+}
 
 __all__ = [
     "ARRIVAL_WAIT",
@@ -68,3 +84,10 @@ __all__ = [
     "set_auto_priority",
     "strip_bump",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
