@@ -98,8 +98,12 @@ def module_source_path(module: types.ModuleType) -> str | None:
 
 
 def is_local_module(module: types.ModuleType) -> bool:
-    """A module of the user's own: a .py file outside the interpreter's library trees that
-    no installed distribution provides (an editable install is installed, not local)."""
+    """A module of the user's own: a .py file outside the interpreter's library trees.
+
+    An editable install (``pip install -e``) is the user's own too: a distribution
+    provides it, but its files are the ones being edited, and its version does not
+    change when they do. NBRewind's own modules are not: they are the tool, not
+    the notebook's code."""
     name = module.__name__
     if name == "__main__":
         return False
@@ -117,20 +121,7 @@ def _is_local(name: str, raw_path: str) -> bool:
         path = source if os.path.exists(source) else path
     if not path.endswith(".py") or _under_library(path):
         return False
-    top = name.split(".", 1)[0]
-    return top != "nbrewind" and _distribution(top) is None and not _editable(top, path)
-
-
-@functools.lru_cache(maxsize=4096)
-def _editable(top: str, path: str) -> bool:
-    """Whether `path` belongs to a distribution installed in development mode (pip install -e)."""
-    import importlib.metadata
-
-    for dist in importlib.metadata.distributions():
-        name = (dist.metadata["Name"] or "").replace("-", "_").lower()
-        if name == top.lower():
-            return True
-    return False
+    return name.split(".", 1)[0] != "nbrewind"
 
 
 def local_modules(modules: Iterable[types.ModuleType] | None = None) -> dict[str, types.ModuleType]:

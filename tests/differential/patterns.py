@@ -181,6 +181,51 @@ _CLASS_C = "class C:\n    def f(self):\n        return 1"
 _SCALE = "SCALE = 1\ndef f(x):\n    return x * SCALE\n"
 _WARN = 'try:\n    warnings.warn("careful", UserWarning)\n    print("no error")\nexcept UserWarning as e:\n    print("raised", e)'
 
+
+# An editable install (`pip install -e`) leaves distribution metadata beside the package's
+# source: the package is installed, yet its files are the ones being edited and its version
+# stays 1.0. Every shape of install below times every way a cell can reach its code.
+_MYLIB_METADATA = "Metadata-Version: 2.1\nName: mylib\nVersion: 1.0\n"
+_MYLIB_V1 = "SCALE = 1\ndef f(x):\n    return x + 1\nclass K:\n    def g(self):\n        return 'one'\n"
+_MYLIB_V2 = "SCALE = 2\ndef f(x):\n    return x * 10\nclass K:\n    def g(self):\n        return 'two'\n"
+_MYLIB_INSTALLS: dict[str, tuple[str, str]] = {
+    # name: (folder on sys.path, metadata file below it)
+    "dist_info": ("", "mylib-1.0.dist-info/METADATA"),
+    "egg_info": ("", "mylib.egg-info/PKG-INFO"),
+    "src_layout": ("src/", "mylib-1.0.dist-info/METADATA"),
+}
+_MYLIB_USES: dict[str, list[str]] = {
+    "module_call": ["import mylib", "print(mylib.f(2))"],
+    "from_import": ["from mylib import f", "print(f(2))"],
+    "submodule": ["import mylib.sub as sub", "print(sub.f(2))"],
+    "constant": ["import mylib", "print(mylib.SCALE * 3)"],
+    "object_made_earlier": ["from mylib import K\nk = K()", "print(k.g())"],
+}
+
+
+def _installed_own_package_patterns() -> list[Pattern]:
+    out = []
+    for install, (folder, metadata) in _MYLIB_INSTALLS.items():
+        for use, cells in _MYLIB_USES.items():
+            module = "mylib/sub.py" if use == "submodule" else "mylib/__init__.py"
+            common = {folder + metadata: _MYLIB_METADATA}
+            if use == "submodule":
+                common[folder + "mylib/__init__.py"] = ""
+            first = cells
+            if folder:
+                first = [f"import sys\nsys.path.insert(0, {folder.rstrip('/')!r})\n" + cells[0], *cells[1:]]
+            out.append(
+                pattern(
+                    f"own_package_{install}_{use}_edited_on_disk",
+                    f"mylib, installed in development mode ({install}), edited on disk between audit and repeat "
+                    f"({use}): its version says 1.0 both times, so a replay keyed by it shows the old result",
+                    first,
+                    files={**common, folder + module: _MYLIB_V1},
+                    files_repeat={**common, folder + module: _MYLIB_V2},
+                )
+            )
+    return out
+
 PATTERNS: list[Pattern] = [
     # -- Class 1: in-place changes static analysis misses --------------------
     pattern(
@@ -1150,6 +1195,8 @@ PATTERNS: list[Pattern] = [
         ["import numpy as np\nl = [1]\na = np.empty(1, dtype=object)\na[0] = l", "print(a[0] is l)"],
         edit={1: "print('same', a[0] is l)"},
     ),
+    # -- Class 2 again: the notebook's own package, installed in development mode -------------
+    *_installed_own_package_patterns(),
 ]
 
 BY_NAME: dict[str, Pattern] = {p.name: p for p in PATTERNS}
