@@ -17,7 +17,6 @@ import sysconfig
 import types
 from collections.abc import Iterable, Mapping
 
-from nbrewind.identity.files import file_digest
 
 __all__ = ["distribution_version", "is_local_module", "library_kind", "library_label", "module_source_path"]
 
