@@ -114,7 +114,8 @@ def first_changed_input(run: CellRun, current_key: Callable[[str], str]) -> str 
     for name, recorded in (run.inputs or {}).items():
         if current_key(name) != recorded:
             if name == outside.IMPURE:
-                return f"the recorded run {recorded}, which a replay cannot do"
+                said = "" if "which a replay cannot" in recorded else ", which a replay cannot do"
+                return f"the recorded run {recorded}{said}"
             what = name[1:] if pseudo.is_pseudo(name) else name
             return f"input {what} changed"
     return None
