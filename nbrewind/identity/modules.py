@@ -10,6 +10,7 @@ keyed by what is installed, which is what a backpack's environment pins.
 from __future__ import annotations
 
 import functools
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -17,8 +18,10 @@ import sysconfig
 import types
 from collections.abc import Iterable, Mapping
 
+from nbrewind.identity.files import file_digest
 
-__all__ = ["distribution_version", "is_local_module", "library_kind", "library_label", "module_source_path"]
+
+__all__ = ["distribution_version", "is_local_module", "library_kind", "library_label", "module_source_path", "source_digest"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -96,8 +99,28 @@ def module_source_path(module: types.ModuleType) -> str | None:
     return path
 
 
+def source_digest(path: str) -> str | None:
+    """The digest of the file a module at ``path`` was loaded from: the source file itself,
+    or, for a module inside an archive on ``sys.path`` (``lib.zip/pkg/mod.py``), the whole
+    archive's; None where neither is a regular file."""
+    digest = file_digest(path)
+    if digest is not None:
+        return digest
+    head = os.path.abspath(path)
+    while True:
+        parent = os.path.dirname(head)
+        if parent == head or os.path.isdir(parent):
+            return None
+        head = parent
+        digest = file_digest(head)
+        if digest is not None:
+            return "archive|" + digest
+
+
 def is_local_module(module: types.ModuleType) -> bool:
-    """A module of the user's own: a .py file outside the interpreter's library trees.
+    """A module of the user's own: a .py file, or an extension module built in place (a
+    ``.so`` or ``.pyd`` from Cython's ``build_ext --inplace``), outside the interpreter's
+    library trees.
 
     An editable install (``pip install -e``) is the user's own too: a distribution
     provides it, but its files are the ones being edited, and its version does not
@@ -118,7 +141,7 @@ def _is_local(name: str, raw_path: str) -> bool:
     if path.endswith((".pyc", ".pyo")):
         source = importlib.util.source_from_cache(path) if "__pycache__" in path else path[:-1]
         path = source if os.path.exists(source) else path
-    if not path.endswith(".py") or _under_library(path):
+    if not path.endswith((".py", *importlib.machinery.EXTENSION_SUFFIXES)) or _under_library(path):
         return False
     return name.split(".", 1)[0] != "nbrewind"
 

@@ -38,6 +38,7 @@ UNFORESEEN: Cells = frozenset({-1})
 
 _WORLD = frozenset({pseudo.Pseudo.LISTING, pseudo.Pseudo.STAT, pseudo.Pseudo.KIND})
 _MODULE = frozenset({pseudo.Pseudo.SOURCE, pseudo.Pseudo.MODULE_STATE})
+_SYS_PATH = pseudo.name(pseudo.Pseudo.SETTING, "sys.path")
 
 
 class Foreseen:
@@ -82,9 +83,15 @@ class Foreseen:
                 # A replayed cell wrote files there; what a listing or stat will then say
                 # is not worked out here.
                 return UNFORESEEN
-            if parsed is not None and parsed[0] in _MODULE and self._module_written(parsed[1]):
+            if parsed is not None and parsed[0] in _MODULE and (self._module_written(parsed[1]) or self._sys_path_moved()):
+                # Where the module will be found (and what it will hold) is not worked out here.
                 return UNFORESEEN
         return self._keys.current_key(name)
+
+    def _sys_path_moved(self) -> bool:
+        """Whether a foreseen replay changes sys.path (replays put it back at once)."""
+        known = self.known.get(_SYS_PATH)
+        return known is not None and known != self._keys.current_key(_SYS_PATH)
 
     def _module_written(self, module: str) -> bool:
         tail = module.replace(".", "/")

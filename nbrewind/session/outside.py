@@ -21,13 +21,15 @@ from nbrewind.checkpoint.values import load_group, stage_group
 from nbrewind.checkpoint.world import listing_key, stat_key
 from nbrewind.identity import settings as settings_registry
 from nbrewind.identity.code import code_info
-from nbrewind.identity.files import file_digest
 from nbrewind.identity.imports import AfterImport, after_import
-from nbrewind.identity.modules import is_local_module, local_modules, module_source_path
+from nbrewind.identity.modules import is_local_module, local_modules, module_source_path, source_digest
 from nbrewind.session import pseudo
 from nbrewind.session.pseudo import ABSENT, Pseudo
 from nbrewind.session.state import HIDDEN, Entry
 from nbrewind.store.objects import ObjectStore
+
+SYS_PATH = "sys.path"
+"""The setting replayed cells put back at once (see `Outside.apply`)."""
 
 IMPURE = pseudo.name(Pseudo.IMPURE)
 
@@ -124,7 +126,7 @@ class Outside:
             except (ImportError, ValueError):
                 return ABSENT
             path = spec.origin if spec is not None else None
-        return (file_digest(path) or ABSENT) if path else ABSENT
+        return (source_digest(path) or ABSENT) if path else ABSENT
 
     def before(self) -> dict[str, str]:
         """Inputs every cell has: each setting, and each loaded local module's source and state."""
@@ -199,6 +201,11 @@ class Outside:
         """Restore a written entry of this module's kinds; False if `entry` is not one."""
         what = entry.extra.get("what")
         if what == "setting":
+            if entry.extra["setting"] == SYS_PATH:
+                # Now: it imports nothing, and a local module a replayed import brings back
+                # (or that the next cell's key looks up) is found where the notebook put it.
+                self._apply_setting(entry)
+                return True
             # Applied when a cell runs (`apply_pending`): a replayed cell runs no code, and
             # restoring a setting can import its library (pandas options, or warnings
             # filters naming pandas' warning classes), which a replay must not pay for.

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from nbrewind.checkpoint import hidden, randomness
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.values import load_group
+from nbrewind.session import pseudo
 from nbrewind.session.keys import user_names
 from nbrewind.session.state import HIDDEN, MODULE, UNSERIALIZABLE, VALUE, Entry
 
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from nbrewind.store.catalog import Catalog
 
 __all__ = ["BroughtBack", "Restorer", "complete_pending"]
+
+_SYS_PATH_ENTRY = pseudo.name(pseudo.Pseudo.SETTING, "sys.path")
 
 
 @dataclass
@@ -158,7 +161,8 @@ class Restorer:
             state.entries.pop(name, None)
             state.forget(name)
         eager: dict[str, list[str]] = {}
-        for name in writes:
+        # sys.path first: a local module the same cell imported is found where it put it.
+        for name in sorted(writes, key=lambda n: n != _SYS_PATH_ENTRY):
             entry = entries.get(name)
             if entry is None:
                 continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import importlib
+import sys
 import time
 import types
 from collections.abc import Callable, Iterable, Mapping
@@ -326,7 +327,7 @@ class LiveState:
         candidates = (candidates & present) | (present - set(self.entries) - set(self._last))
         for group in self._groups(candidates, namespace, present):
             values: dict[str, Any] = {n: dict.__getitem__(namespace, n) for n in group}
-            modules = {n for n, v in values.items() if isinstance(v, types.ModuleType)}
+            modules = {n for n, v in values.items() if isinstance(v, types.ModuleType) and _importable(v)}
             for name in modules:
                 mod = values.pop(name)
                 staged_doc = stage_json(self.objects, {"module": mod.__name__})
@@ -438,6 +439,15 @@ class LiveState:
             raise LookupError(f"entry of kind {entry.kind} has no stored value")
         with restoring_into(self.namespace if namespace is None else namespace):
             return load_group(self.objects, entry.digest)
+
+
+def _importable(module: types.ModuleType) -> bool:
+    """Whether importing ``module``'s name gives it back: only then is it recorded by name.
+
+    A module loaded from a file without entering ``sys.modules`` (``spec_from_file_location``
+    and ``exec_module``), or made with ``types.ModuleType``, is not: re-importing its name
+    fails or gives another module. It is kept like any value bytes cannot bring back."""
+    return sys.modules.get(module.__name__) is module
 
 
 def _digest_once(value: Any, seen: dict[int, str | Unserializable]) -> str | Unserializable:

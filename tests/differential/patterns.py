@@ -32,13 +32,18 @@ import copy
 import decimal
 import gc
 import importlib
+import importlib.machinery
 import locale
 import os
+import shutil
 import socket
 import sqlite3
+import subprocess
 import sys
+import sysconfig
 import time
 import warnings
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +57,7 @@ import matplotlib
 matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
 from IPython.core.completer import ProvisionalCompleterWarning  # noqa: E402
 
 from differential.inprocess import RunOutcome, run_cells  # noqa: E402
@@ -224,6 +230,136 @@ def _installed_own_package_patterns() -> list[Pattern]:
                     files_repeat={**common, folder + module: _MYLIB_V2},
                 )
             )
+    return out
+
+
+def _zip_of(files: dict[str, str]) -> Setup:
+    """A setup writing `lib.zip` holding `files`, byte for byte the same on every run."""
+
+    def setup(workdir: Path) -> None:
+        with zipfile.ZipFile(workdir / "lib.zip", "w") as archive:
+            for name, text in files.items():
+                archive.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), text)
+
+    return setup
+
+
+_EXTENSION_C = """#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+static PyObject *f(PyObject *self, PyObject *arg) { long x = PyLong_AsLong(arg); return PyLong_FromLong(%s); }
+static PyMethodDef methods[] = {{"f", f, METH_O, NULL}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "cext", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_cext(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL) PyModule_AddIntConstant(m, "SCALE", %d);
+    return m;
+}
+"""
+
+
+def _extension(expression: str, scale: int) -> Setup:
+    """A setup building extension module `cext` in the folder, its f(x) returning `expression`
+    (as `build_ext --inplace` would leave it); the test is skipped where no C compiler is."""
+
+    def setup(workdir: Path) -> None:
+        compiler = shutil.which("gcc") or shutil.which("cc")
+        if compiler is None:
+            pytest.skip("no C compiler to build an extension module with")
+        source = workdir / "cext.c"
+        source.write_text(_EXTENSION_C % (expression, scale))
+        built = workdir / ("cext" + importlib.machinery.EXTENSION_SUFFIXES[0])
+        include = sysconfig.get_paths()["include"]
+        subprocess.run([compiler, "-shared", "-fPIC", "-O0", "-I", include, "-o", str(built), str(source)], check=True)
+        source.unlink()
+
+    return setup
+
+
+_BY_PATH = (
+    "import importlib.util\nspec = importlib.util.spec_from_file_location('hm', 'code/h.py')\n"
+    "hm = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(hm)\ndel spec"
+)
+
+
+def _module_loaded_other_ways_patterns() -> list[Pattern]:
+    """Modules whose code is not a `.py` file on sys.path that sys.modules names: one inside a
+    zip archive on sys.path, one executed from a file path without entering sys.modules, one
+    made with types.ModuleType. Each with its file edited, and with only the reading cell
+    edited (the module must then come back as the audit had it)."""
+    out = []
+    zip_uses = {
+        "module_call": ("import zmod", "print(zmod.f(2))", "print('f', zmod.f(3))", {"zmod.py": "{}"}),
+        "from_import": ("from zmod import f", "print(f(2))", "print('f', f(3))", {"zmod.py": "{}"}),
+        "package_submodule": ("import zpkg.sub as sub", "print(sub.f(2))", "print('f', sub.f(3))",
+                              {"zpkg/__init__.py": "", "zpkg/sub.py": "{}"}),
+        "constant": ("import zmod", "print(zmod.SCALE * 3)", "print('scale', zmod.SCALE)", {"zmod.py": "{}"}),
+    }
+    for use, (first, second, second_edited, layout) in zip_uses.items():
+        v1 = {name: text.format(_MYLIB_V1) if text else text for name, text in layout.items()}
+        v2 = {name: text.format(_MYLIB_V2) if text else text for name, text in layout.items()}
+        cells = ["import sys\nsys.path.insert(0, 'lib.zip')", first, second]
+        out.append(pattern(
+            f"zip_module_{use}_archive_rewritten",
+            f"a module imported from lib.zip on sys.path ({use}), the archive rewritten between audit and repeat: "
+            "its path names no regular file, so a source key of it was 'absent' both times and the reader replayed",
+            cells, setup_audit=_zip_of(v1), setup_repeat=_zip_of(v2),
+        ))
+        out.append(pattern(
+            f"zip_module_{use}_reader_edited", f"a module imported from lib.zip ({use}); only the reading cell edited",
+            cells, edit={2: second_edited}, setup_audit=_zip_of(v1),
+        ))
+    by_path_uses = {
+        "call": ("print(hm.f(2))", "print('f', hm.f(3))"),
+        "constant": ("print(hm.SCALE * 3)", "print('scale', hm.SCALE)"),
+        "object_made_earlier": ("k = hm.K()\nprint(k.g())", "k = hm.K()\nprint('g', k.g())"),
+    }
+    for use, (second, second_edited) in by_path_uses.items():
+        out.append(pattern(
+            f"module_by_path_{use}_file_edited",
+            f"a module executed from code/h.py without entering sys.modules ({use}), the file edited: it was "
+            "recorded by its name, which re-imports nothing, so the reader replayed the old result",
+            [_BY_PATH, second], files={"code/h.py": _MYLIB_V1}, files_repeat={"code/h.py": _MYLIB_V2},
+        ))
+        out.append(pattern(
+            f"module_by_path_{use}_reader_edited",
+            f"a module executed from code/h.py without entering sys.modules ({use}); only the reading cell edited: "
+            "restoring it by name failed",
+            [_BY_PATH, second], edit={1: second_edited}, files={"code/h.py": _MYLIB_V1},
+        ))
+    out.append(pattern(
+        "sys_path_cell_then_local_import_reader_edited",
+        "sys.path.insert(0, 'lib') in one cell, import mylib in the next, the reader edited: the import cell must "
+        "replay, so the path the first cell added is back before the module is (it was put back only when a "
+        "cell ran, and the replayed import failed)",
+        ["import sys\nsys.path.insert(0, 'lib')", "import mylib", "print(mylib.f(2))"],
+        edit={2: "print('f', mylib.f(3))"}, files={"lib/mylib.py": _MYLIB_V1},
+    ))
+    for use, (first, second, second_edited) in {
+        "module_call": ("import cext", "print(cext.f(2))", "print('f', cext.f(3))"),
+        "from_import": ("from cext import f", "print(f(2))", "print('f', f(3))"),
+        "constant": ("import cext", "print(cext.SCALE * 3)", "print('scale', cext.SCALE)"),
+    }.items():
+        out.append(pattern(
+            f"extension_module_{use}_rebuilt",
+            f"an extension module built in place next to the notebook ({use}), rebuilt between audit and repeat: "
+            "a .so was not the notebook's own code, so the reader replayed the old result",
+            [first, second], setup_audit=_extension("x + 1", 1), setup_repeat=_extension("x * 10", 2),
+        ))
+        out.append(pattern(
+            f"extension_module_{use}_reader_edited", f"an extension module built in place ({use}); only the reader edited",
+            [first, second], edit={1: second_edited}, setup_audit=_extension("x + 1", 1),
+        ))
+    made = "import types\ncfg = types.ModuleType('cfg')\ncfg.a = {}"
+    out.append(pattern(
+        "module_made_by_moduletype_edited", "a module object made with types.ModuleType, its attribute edited",
+        [made.format(1), "print(cfg.a * 2)"], edit={0: made.format(2)},
+    ))
+    out.append(pattern(
+        "module_made_by_moduletype_reader_edited",
+        "a module object made with types.ModuleType; only the reader edited (the maker sets an attribute of a "
+        "module, which a replay cannot do again: it runs)",
+        [made.format(1), "print(cfg.a * 2)"], edit={1: "print('a', cfg.a * 3)"}, replays=(),
+    ))
     return out
 
 PATTERNS: list[Pattern] = [
@@ -1197,6 +1333,7 @@ PATTERNS: list[Pattern] = [
     ),
     # -- Class 2 again: the notebook's own package, installed in development mode -------------
     *_installed_own_package_patterns(),
+    *_module_loaded_other_ways_patterns(),
 ]
 
 BY_NAME: dict[str, Pattern] = {p.name: p for p in PATTERNS}
