@@ -31,7 +31,8 @@ from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
-    "collector_paused", "interpreter_get", "interpreter_put", "locale_get", "locale_put", "logging_get", "logging_put", "note_baseline",
+    "collector_paused", "interpreter_get", "interpreter_put", "locale_get", "locale_put", "loggers_get", "loggers_put",
+    "logging_get", "logging_put", "note_baseline",
     "socket_get", "socket_put", "time_zone_get", "time_zone_put",
 ]
 
@@ -76,6 +77,8 @@ def note_baseline() -> None:
             "zone": _zone_now(),
             "TZ": os.environ.get("TZ"),
             "logging": _root_now(),
+            "loggers": _named_now(),
+            "disable": logging.root.manager.disable,
             "socket": _socket_now(),
             "locale": _locale_now(),
         }
@@ -288,13 +291,111 @@ def logging_put(snapshot: dict[str, Any]) -> None:
     for old in [h for h in root.handlers if _own(h)]:
         root.removeHandler(old)
         old.close()  # as basicConfig(force=True) does: a file handler lets go of its file
-    for target, level, fmt in wanted["handlers"]:
-        if target[0] == "file":
-            handler: logging.Handler = logging.FileHandler(target[1], mode="a", encoding=target[2])
-        else:
-            handler = logging.StreamHandler(getattr(sys, target[1]))
-        handler.setLevel(level)
-        if fmt is not None:
-            handler.setFormatter(logging.Formatter(fmt[0], fmt[1], style=fmt[2]))
-        root.addHandler(handler)
+    for described in wanted["handlers"]:
+        root.addHandler(_make_handler(described))
     root.setLevel(wanted["level"])
+
+
+def _make_handler(described: Any) -> logging.Handler:
+    """A handler made again from `_handler`'s description of it."""
+    target, level, fmt = described
+    if target[0] == "file":
+        handler: logging.Handler = logging.FileHandler(target[1], mode="a", encoding=target[2])
+    else:
+        handler = logging.StreamHandler(getattr(sys, target[1]))
+    handler.setLevel(level)
+    if fmt is not None:
+        handler.setFormatter(logging.Formatter(fmt[0], fmt[1], style=fmt[2]))
+    return handler
+
+
+# -- the notebook's named loggers ------------------------------------------------------
+
+
+def _library_logger(name: str) -> bool:
+    """Whether logger `name` is a library's (named after a loaded installed or standard
+    module): libraries configure their loggers when imported, which a replay does not do,
+    so their configuration is not the notebook's state."""
+    top = name.partition(".")[0]
+    if top == "__main__":
+        return False
+    if top == "nbrewind":
+        return True  # the tool's own logger, wherever it is installed from
+    module = sys.modules.get(top)
+    if module is None:
+        return False
+    file = getattr(module, "__file__", None)
+    if not isinstance(file, str):
+        return True
+    from nbrewind.identity.modules import library_kind
+
+    return library_kind(file) is not None
+
+
+def _named_now() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if not isinstance(logger, logging.Logger):
+            continue
+        if logger.level == logging.NOTSET and logger.propagate and not logger.disabled and not logger.handlers and not logger.filters:
+            continue
+        if _library_logger(name):
+            continue
+        out[name] = {
+            "level": logger.level, "propagate": logger.propagate, "disabled": logger.disabled,
+            "handlers": [_handler(h) for h in logger.handlers], "filters": bool(logger.filters),
+        }
+    return out
+
+
+_DEFAULT_LOGGER = {"level": logging.NOTSET, "propagate": True, "disabled": False, "handlers": [], "filters": False}
+
+
+def loggers_get() -> dict[str, Any]:
+    """The notebook's own named loggers (``logging.getLogger("nb")``, not a library's) whose
+    level, propagation, handlers or filters differ from the process's start, and the level
+    ``logging.disable`` set.
+
+    As for the root logger, one that `loggers_put` could not make again (a filter, a custom
+    handler or formatter) makes the snapshot unstorable, so the cell always runs; what the
+    digest reads still names every level and handler kind.
+    """
+    now = _named_now()
+    base = _baseline("loggers")
+    changed = {n: v for n, v in now.items() if base.get(n) != v}
+    reset = sorted(n for n in base if n not in now)
+    disable = logging.root.manager.disable
+    if not changed and not reset and disable == _baseline("disable"):
+        return {}
+    snapshot: dict[str, Any] = {"loggers": changed, "reset": reset, "disable": disable}
+    bad = sorted(n for n, v in changed.items() if v["filters"] or any(h is None for h in v["handlers"]))
+    if bad:
+        kinds = "; ".join(
+            f"{n}: " + ",".join(f"{type(h).__module__}.{type(h).__qualname__}" for h in logging.getLogger(n).handlers)
+            for n in bad
+        )
+        snapshot["unrestorable"] = _Unrestorable(kinds)
+    return snapshot
+
+
+def loggers_put(snapshot: dict[str, Any]) -> None:
+    if "unrestorable" in snapshot:
+        return  # only ever captured in this process, never stored: nothing to make again
+    logging.disable(snapshot.get("disable", _baseline("disable")))
+    base = _baseline("loggers")
+    reset = set(snapshot.get("reset", ()))
+    wanted = {**{n: v for n, v in base.items() if n not in reset}, **snapshot.get("loggers", {})}
+    now = _named_now()
+    for name in sorted(set(now) | set(wanted)):
+        want = wanted.get(name, _DEFAULT_LOGGER)
+        if now.get(name, _DEFAULT_LOGGER) == want:
+            continue
+        logger = logging.getLogger(name)
+        for old in list(logger.handlers):
+            logger.removeHandler(old)
+            old.close()
+        for described in want["handlers"]:
+            logger.addHandler(_make_handler(described))
+        logger.setLevel(want["level"])
+        logger.propagate = want["propagate"]
+        logger.disabled = want["disabled"]

@@ -383,6 +383,7 @@ REGISTRY: list[Setting] = [
     Setting("interpreter", "sys", interpreter.interpreter_get, interpreter.interpreter_put),
     Setting("time zone", "time", interpreter.time_zone_get, interpreter.time_zone_put),
     Setting("logging", "logging", interpreter.logging_get, interpreter.logging_put),
+    Setting("logging.loggers", "logging", interpreter.loggers_get, interpreter.loggers_put),
     Setting("socket", "socket", interpreter.socket_get, interpreter.socket_put),
     Setting("locale", "locale", interpreter.locale_get, interpreter.locale_put),
 ]

@@ -34,6 +34,7 @@ import gc
 import importlib
 import importlib.machinery
 import locale
+import logging
 import os
 import shutil
 import socket
@@ -360,6 +361,64 @@ def _module_loaded_other_ways_patterns() -> list[Pattern]:
         "module, which a replay cannot do again: it runs)",
         [made.format(1), "print(cfg.a * 2)"], edit={1: "print('a', cfg.a * 3)"}, replays=(),
     ))
+    return out
+
+
+# A handler writing to the cell's stdout, made in a cell of its own. In process the shell's
+# stdout is swapped per cell, so the handler is one NBRewind cannot make again and that cell
+# always runs; the cells changing levels around it are what these patterns key.
+_LOG_HANDLER = (
+    "import logging, sys\nh = logging.StreamHandler(sys.stdout)\n"
+    "h.setFormatter(logging.Formatter('%(levelname)s %(name)s %(message)s'))\n"
+    "logging.getLogger('{logger}').addHandler(h)\ndel h"
+)
+_LOG_READER = "for level in (10, 20, 30):\n    logging.getLogger('{logger}').log(level, 'at %d', level)"
+
+
+def _logger_patterns() -> list[Pattern]:
+    """A named logger's configuration set in one cell and used by a later one: its level, a
+    parent's level, `disabled`, `logging.disable`, for a logger of the notebook's own name and
+    for `__main__`'s. Each with the configuring cell edited (the reader must see the new
+    configuration) and with only the reader edited (the replayed configuration must be back)."""
+    changes = {
+        "level": ("logging.getLogger('{logger}').setLevel(logging.DEBUG)", "logging.getLogger('{logger}').setLevel(logging.WARNING)"),
+        "parent_level": ("logging.getLogger('{parent}').setLevel(logging.DEBUG)", "logging.getLogger('{parent}').setLevel(logging.WARNING)"),
+        "disabled": ("logging.getLogger('{logger}').setLevel(logging.DEBUG)", "logging.getLogger('{logger}').disabled = True"),
+        "disable_all": ("logging.getLogger('{logger}').setLevel(logging.DEBUG)\nlogging.disable(logging.NOTSET)",
+                        "logging.getLogger('{logger}').setLevel(logging.DEBUG)\nlogging.disable(logging.INFO)"),
+    }
+    out = []
+    for who, logger, parent in (("own", "nbr.nb", "nbr"), ("main", "__main__.part", "__main__")):
+        for change, (before, after) in changes.items():
+            names = {"logger": logger, "parent": parent}
+            cells = [_LOG_HANDLER.format(**names), before.format(**names), _LOG_READER.format(**names)]
+            out.append(pattern(
+                f"logger_{who}_{change}_edited",
+                f"a {who} named logger's {change} edited: a replay of the reader keyed without the named "
+                "loggers' configuration showed the old messages",
+                cells, edit={1: after.format(**names)}, replays=(),
+            ))
+            # In process, the configuring cell cannot replay either: the snapshot of the named
+            # loggers holds the handler NBRewind cannot make again. On a kernel it replays (below).
+            out.append(pattern(
+                f"logger_{who}_{change}_reader_edited",
+                f"a {who} named logger's {change} set by a cell before; only the reader edited",
+                cells, edit={2: _LOG_READER.format(**names) + "\nprint('read')"}, replays=(),
+            ))
+    for change in ("level", "disable_all"):
+        names = {"logger": "nbr.nb", "parent": "nbr"}
+        before, after = changes[change]
+        cells = [_LOG_HANDLER.format(**names), before.format(**names), _LOG_READER.format(**names)]
+        out.append(pattern(
+            f"logger_{change}_on_a_kernel_edited", f"a named logger's {change} edited, on a kernel", cells,
+            edit={1: after.format(**names)}, inprocess=False,
+        ))
+        out.append(pattern(
+            f"logger_{change}_on_a_kernel_reader_edited",
+            f"a named logger's {change} and handler (to the kernel's stdout, which NBRewind makes again) set by "
+            "replayed cells; only the reader edited: the logger must be configured again before it runs",
+            cells, edit={2: _LOG_READER.format(**names) + "\nprint('read')"}, inprocess=False,
+        ))
     return out
 
 PATTERNS: list[Pattern] = [
@@ -985,6 +1044,9 @@ PATTERNS: list[Pattern] = [
             "log.warning('n=%d', len(data))\nprint(keep.seen)\ndel log",
         ],
         edit={2: "log.warning('sum=%d', sum(data))\nprint(keep.seen)\ndel log"},
+        # The handler is the notebook's own class: the cell attaching it cannot be replayed (the
+        # logger would be restored without it), so it runs; the data cell replays.
+        replays=(1,),
     ),
     pattern(
         "closed_file_left_in_namespace",
@@ -1334,12 +1396,16 @@ PATTERNS: list[Pattern] = [
     # -- Class 2 again: the notebook's own package, installed in development mode -------------
     *_installed_own_package_patterns(),
     *_module_loaded_other_ways_patterns(),
+    *_logger_patterns(),
 ]
 
 BY_NAME: dict[str, Pattern] = {p.name: p for p in PATTERNS}
 assert len(BY_NAME) == len(PATTERNS), "pattern names must be unique"
 
 KERNEL_PATTERNS: list[str] = [
+    "logger_level_on_a_kernel_edited",
+    "logger_level_on_a_kernel_reader_edited",
+    "logger_disable_all_on_a_kernel_reader_edited",
     "sort_inplace",
     "class_method_assigned_restore",
     "numpy_view_base",
@@ -1404,6 +1470,9 @@ _BASE_RECURSION = sys.getrecursionlimit()
 _BASE_DIGITS = sys.get_int_max_str_digits()
 _BASE_UMASK = os.umask(0o022)
 os.umask(_BASE_UMASK)
+_BASE_LOGGERS = frozenset(logging.Logger.manager.loggerDict)
+_BASE_ROOT_HANDLERS = tuple(logging.getLogger().handlers)
+_BASE_ROOT_LEVEL = logging.getLogger().level
 _BASE_TZ = os.environ.get("TZ")
 _BASE_LOCALE = locale.setlocale(locale.LC_ALL)
 
@@ -1457,6 +1526,24 @@ def reset_library_settings() -> None:
     gc.enable()
     socket.setdefaulttimeout(None)
     locale.setlocale(locale.LC_ALL, _BASE_LOCALE)
+    _reset_loggers()
+
+
+def _reset_loggers() -> None:
+    """Loggers a run made or configured back to a new logger's defaults, and the root logger's
+    level and handlers back to this process's (a test runner's own capture handlers stay)."""
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger) and name not in _BASE_LOGGERS:
+            for handler in list(logger.handlers):
+                logger.removeHandler(handler)
+            logger.filters.clear()
+            logger.setLevel(logging.NOTSET)
+            logger.propagate, logger.disabled = True, False
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if handler not in _BASE_ROOT_HANDLERS and not type(handler).__module__.startswith("_pytest"):
+            root.removeHandler(handler)
+    root.setLevel(_BASE_ROOT_LEVEL)
 
 
 @contextlib.contextmanager
