@@ -421,6 +421,35 @@ def _logger_patterns() -> list[Pattern]:
         ))
     return out
 
+
+def _own_code_in_tasks_patterns() -> list[Pattern]:
+    """Dask tasks (threaded scheduler) calling the notebook's own code of each shape, directly
+    and through a notebook function, the code changed between audit and repeat: the cell runs,
+    and its task must miss the cache (a compiled function was fingerprinted by its name)."""
+    compute = "print(dask.compute(dask.delayed({fn})(2), scheduler='threads'))"
+    indirect = "def g(x):\n    return {fn}(x) + 1"
+    shapes: dict[str, tuple[str, str, dict[str, Any]]] = {
+        "extension_module": ("import dask, cext", "cext.f", {"setup_audit": _extension("x + 1", 1), "setup_repeat": _extension("x * 10", 2)}),
+        "editable_install": ("import dask, mylib", "mylib.f", {
+            "files": {"mylib/__init__.py": _MYLIB_V1, "mylib-1.0.dist-info/METADATA": _MYLIB_METADATA},
+            "files_repeat": {"mylib/__init__.py": _MYLIB_V2, "mylib-1.0.dist-info/METADATA": _MYLIB_METADATA}}),
+        "zip_archive": ("import sys\nsys.path.insert(0, 'lib.zip')\nimport dask, zmod", "zmod.f",
+                        {"setup_audit": _zip_of({"zmod.py": _MYLIB_V1}), "setup_repeat": _zip_of({"zmod.py": _MYLIB_V2})}),
+        "module_by_path": ("import dask\n" + _BY_PATH, "hm.f", {"files": {"code/h.py": _MYLIB_V1}, "files_repeat": {"code/h.py": _MYLIB_V2}}),
+    }
+    out = []
+    for shape, (first, fn, setup) in shapes.items():
+        out.append(pattern(
+            f"task_calls_own_{shape}_changed", f"a task calling the notebook's own code ({shape}) that changed",
+            [first, compute.format(fn=fn)], **setup,
+        ))
+        out.append(pattern(
+            f"task_calls_own_{shape}_through_a_function_changed",
+            f"a task calling a notebook function that calls the notebook's own code ({shape}) that changed",
+            [first + "\n" + indirect.format(fn=fn), compute.format(fn="g")], **setup,
+        ))
+    return out
+
 PATTERNS: list[Pattern] = [
     # -- Class 1: in-place changes static analysis misses --------------------
     pattern(
@@ -1397,6 +1426,7 @@ PATTERNS: list[Pattern] = [
     *_installed_own_package_patterns(),
     *_module_loaded_other_ways_patterns(),
     *_logger_patterns(),
+    *_own_code_in_tasks_patterns(),
 ]
 
 BY_NAME: dict[str, Pattern] = {p.name: p for p in PATTERNS}

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from nbrewind.identity.code import Chain, code_info
-from nbrewind.identity.modules import library_label
+from nbrewind.identity.modules import library_label, source_digest
 from nbrewind.tasks.fingerprint.common import (
     _BOUND_TYPES,
     _CLASS_SKIP,
@@ -76,7 +76,7 @@ class CodeEncoding(EncoderState):
             if not isinstance(mod, str):
                 mod = getattr(getattr(fn, "__objclass__", None) or type(owner), "__module__", "builtins")
             qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "")
-            out.append(b"L" + _name(str(mod)) + _name(str(qual)) + (self._module_version(mod) or b"?"))
+            out.append(b"L" + _name(str(mod)) + _name(str(qual)) + (self._module_version(mod) or self._own_binary(str(mod))))
             if owner is not None and type(owner) is not types.ModuleType:
                 self._enc(owner, out)
 
@@ -216,6 +216,13 @@ class CodeEncoding(EncoderState):
                 self._enc(d[name], out)
 
     # ------------------------------------------------------------------ library detection
+
+    def _own_binary(self, modname: str) -> bytes:
+        """What a compiled function of the notebook's own extension module (a ``.so`` built in
+        place) is: the digest of that file, which a rebuild changes; ``?`` if it has none."""
+        file = getattr(sys.modules.get(modname), "__file__", None)
+        digest = source_digest(file) if isinstance(file, str) else None
+        return b"?" if digest is None else b"S" + digest.encode()
 
     def _module_version(self, modname: str | None) -> bytes | None:
         """A version label for library modules (site-packages, stdlib, builtin); None for user code."""
