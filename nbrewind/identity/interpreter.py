@@ -21,6 +21,7 @@ would keep a store from replaying anywhere else.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import locale
 import logging
@@ -321,15 +322,48 @@ def _library_logger(name: str) -> bool:
         return False
     if top == "nbrewind":
         return True  # the tool's own logger, wherever it is installed from
+    if top in _named_by_dask_config():
+        return True  # distributed sets these up when imported ("bokeh", "tornado"), loaded or not
     module = sys.modules.get(top)
     if module is None:
-        return False
+        return _installed(top)
     file = getattr(module, "__file__", None)
     if not isinstance(file, str):
         return True
     from nbrewind.identity.modules import library_kind
 
     return library_kind(file) is not None
+
+
+def _named_by_dask_config() -> set[str]:
+    """The top-level logger names distributed sets up when imported: its built-in defaults
+    (`distributed.config`: "bokeh" and "tornado" besides its own, whether they are installed
+    or not) and the ``logging`` section of dask's configuration."""
+    if "distributed" not in sys.modules:
+        return set()
+    out = {"bokeh", "tornado"}
+    config = getattr(sys.modules.get("dask.config"), "config", {})
+    for section in (config.get("logging"), config.get("distributed", {}).get("logging")):
+        if isinstance(section, dict):
+            names = section.get("loggers", {}) if "version" in section else section
+            if isinstance(names, dict):
+                out.update(str(n).partition(".")[0] for n in names)
+    return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _installed(top: str) -> bool:
+    """Whether a module not loaded yet would be imported as `top` from an installed library."""
+    import importlib.util
+
+    from nbrewind.identity.modules import library_kind
+
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    origin = getattr(spec, "origin", None)
+    return isinstance(origin, str) and library_kind(origin) is not None
 
 
 def _named_now() -> dict[str, Any]:
