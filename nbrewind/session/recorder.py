@@ -353,7 +353,9 @@ class Recorder:
             # (recorded when it ran) are inputs of this cell all the same.
             for path, digest in task_cache.file_inputs(tasks).items():
                 inputs.setdefault(pseudo.name(Pseudo.FILE, self._paths.rel(path)), digest)
-        if any(k.startswith(Pseudo.FILE.value) for k in inputs):
+            for path, digest in task_cache.dir_inputs(tasks).items():
+                inputs.setdefault(pseudo.name(Pseudo.LISTING, self._paths.rel(path)), digest)
+        if any(k.startswith((Pseudo.FILE.value, Pseudo.LISTING.value)) for k in inputs):
             inputs[pseudo.name(Pseudo.CWD)] = self._paths.rel(plan.cwd_before)
         return tasks
 

@@ -17,6 +17,7 @@ Nothing here imports dask at module level.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -89,11 +90,24 @@ def is_impure(fn: object) -> bool:
 
 
 def _recorded_files(meta: Mapping[str, Any]) -> dict[str, str]:
-    """The ``files`` of an entry's record, if well formed."""
-    files = meta.get("files")
-    if not isinstance(files, dict):
+    """The ``files`` of an entry's record and the files its task read while it ran
+    (``reads``, `nbrewind.tasks.reads`), where well formed."""
+    reads = meta.get("reads")
+    read = _string_map(reads.get("files") if isinstance(reads, dict) else None)
+    return {**{os.path.abspath(k): v for k, v in read.items()}, **_string_map(meta.get("files"))}
+
+
+def _recorded_dirs(meta: Mapping[str, Any]) -> dict[str, str]:
+    """The folders an entry's task listed while it ran, with their listing digests."""
+    reads = meta.get("reads")
+    dirs = _string_map(reads.get("dirs") if isinstance(reads, dict) else None)
+    return {os.path.abspath(k): v for k, v in dirs.items()}
+
+
+def _string_map(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
         return {}
-    return {str(k): str(v) for k, v in files.items() if isinstance(k, str) and isinstance(v, str)}
+    return {str(k): str(v) for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 # -- client side --------------------------------------------------------------------------------
@@ -120,6 +134,8 @@ class TaskLogRow(TaskLogEntry):
     """
 
     file_inputs: Mapping[str, str] = field(default_factory=dict, compare=False)
+    dir_inputs: Mapping[str, str] = field(default_factory=dict, compare=False)
+    """The folders the task listed while it ran (when it was made), path -> listing digest."""
 
 
 class TaskCache:
@@ -261,22 +277,26 @@ class TaskCache:
             pending, self._pending = self._pending, []
         rows = []
         # Equal tasks share one stored result: read each fingerprint's ref and entry once.
-        seen: dict[tuple[str, bool, str | None], tuple[dict[str, Any], dict[str, str]]] = {}
+        seen: dict[tuple[str, bool, str | None], tuple[dict[str, Any], dict[str, str], dict[str, str]]] = {}
         for p in pending:
             once = seen.get((p.fingerprint, p.hit, p.entry))
             if once is None:
                 once = seen[(p.fingerprint, p.hit, p.entry)] = self._details(p)
-            details, recorded = once
+            details, recorded, dirs = once
             # What the result was made from, then what the fingerprint covered now (equal
             # wherever both name a file, since the fingerprint embeds the digests).
             files = {**recorded, **(p.files or {})}
-            rows.append(TaskLogRow(fingerprint=p.fingerprint, key_prefix=p.key_prefix, hit=p.hit, file_inputs=files, **details))
+            rows.append(TaskLogRow(
+                fingerprint=p.fingerprint, key_prefix=p.key_prefix, hit=p.hit, file_inputs=files, dir_inputs=dirs, **details
+            ))
         return rows
 
-    def _details(self, p: _Pending) -> tuple[dict[str, Any], dict[str, str]]:
-        """A drained row's columns read from the store, and the files its stored result records."""
+    def _details(self, p: _Pending) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
+        """A drained row's columns read from the store, and the files and folders its stored
+        result records."""
         details: dict[str, Any] = {"result_digest": p.entry}
         recorded: dict[str, str] = {}
+        dirs: dict[str, str] = {}
         try:
             entry = p.entry if p.hit else self.objects.ref_get(REF_NAMESPACE, p.fingerprint)
             if entry is not None:
@@ -285,9 +305,10 @@ class TaskCache:
                 if not p.hit:
                     details.update(duration=meta.get("duration"), worker=meta.get("worker"))
                 recorded = _recorded_files(meta)
+                dirs = _recorded_dirs(meta)
         except (NbrewindError, OSError, ValueError):
             pass  # the row stays, without the details
-        return details, recorded
+        return details, recorded, dirs
 
     def file_inputs(self, rows: Iterable[TaskLogEntry]) -> dict[str, str]:
         """The local files the tasks of ``rows`` depend on: absolute path -> content digest
@@ -310,6 +331,23 @@ class TaskCache:
                     except (NbrewindError, OSError, ValueError):
                         pass
             out.update(files)
+        return out
+
+    def dir_inputs(self, rows: Iterable[TaskLogEntry]) -> dict[str, str]:
+        """The local folders the tasks of ``rows`` listed when they ran: absolute path ->
+        listing digest (`nbrewind.tasks.reads.listing_digest`, the digest of a cell's
+        ``@dir:`` input), as `file_inputs` gives their files."""
+        out: dict[str, str] = {}
+        for row in rows:
+            dirs = row.dir_inputs if isinstance(row, TaskLogRow) else None
+            if dirs is None:
+                dirs = {}
+                if isinstance(row.result_digest, str):
+                    try:
+                        dirs = _recorded_dirs(read_entry(self.objects, row.result_digest)[1])
+                    except (NbrewindError, OSError, ValueError):
+                        pass
+            out.update(dirs)
         return out
 
     def stats(self, rows: Iterable[TaskLogEntry]) -> tuple[int, int]:

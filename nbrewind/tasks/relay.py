@@ -41,6 +41,7 @@ from typing import Any
 from nbrewind.store import ObjectStore
 from nbrewind.store.fsio import deferred_sync
 from nbrewind.tasks.remote import RELAYED_REFS, OutOfBand, StoreLink, deliver, probe_path, take_results, write_probe
+from nbrewind.tasks.reads import READS_REFS
 from nbrewind.tasks.results import entry_frames, store_frames
 
 __all__ = ["BATCH_BYTES", "FLUSH_TIMEOUT", "SCATTER_BYTES", "StoreRelay"]
@@ -260,6 +261,8 @@ class StoreRelay:
                     continue
                 with deferred_sync(self.objects.root):
                     entry, _ = store_frames(self.objects, frames[0], frames[1:], record)
+                    if namespace == self.namespace and record.get("reads"):
+                        self.objects.ref_set(READS_REFS, str(fingerprint), entry)
                     self.objects.ref_set(namespace, str(fingerprint), entry)
             except Exception as exc:  # full disk, read-only store: the result is not cached
                 logger.debug("NBRewind: could not store a result from %s: %s", worker, exc)

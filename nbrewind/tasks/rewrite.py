@@ -33,8 +33,10 @@ from typing import Any
 
 from nbrewind.identity.interpreter import collector_paused
 from nbrewind.tasks.cache import TaskCache, is_impure, load_result
+from nbrewind.tasks.reads import changed_reads
 from nbrewind.tasks.remote import StoreLink
 from nbrewind.tasks.resume import run_resumable
+from nbrewind.tasks.results import read_entry
 from nbrewind.tasks.settings import task_settings
 
 __all__ = ["FALLBACK_LIMIT", "Rewritten", "flatten_keys", "rewrite_graph"]
@@ -113,15 +115,16 @@ def _node_impure(node: Any, ts: Any, funcs: dict[int, bool], inners: dict[int, b
     )
 
 
-def _tainted(dsk: Mapping[Key, Any], cache: TaskCache, all_impure: bool, ts: Any) -> set[Key]:
-    """Impure tasks and every task downstream of one."""
+def _tainted(dsk: Mapping[Key, Any], cache: TaskCache, all_impure: bool, ts: Any, also: Iterable[Key] = ()) -> set[Key]:
+    """Impure tasks (and the keys ``also``) and every task downstream of one."""
     if all_impure:
         return set(dsk)
     tokens = cache.impure_tokens
     funcs: dict[int, bool] = {}  # the graph holds every function, so no id is reused meanwhile
     inners: dict[int, bool] = {}
+    also = set(also)
     bad = {k for k, node in dsk.items()
-           if _node_impure(node, ts, funcs, inners) or (tokens and _key_token(k) in tokens)}
+           if k in also or _node_impure(node, ts, funcs, inners) or (tokens and _key_token(k) in tokens)}
     if not bad:
         return bad
     dependents: dict[Key, list[Key]] = {}
@@ -254,7 +257,10 @@ def _rewrite(
             graph, outputs, external=external, external_files=cache.known_files(external), settings=settings
         )
         files = fingerprinter.file_inputs
-    tainted = _tainted(graph, cache, all_impure, ts)
+    # Results whose task read files or folders (by paths no fingerprint names) that changed
+    # since: those tasks, and everything downstream, run uncached.
+    stale = changed_reads(cache.objects, set(fps.values()), read_entry) if fps else set()
+    tainted = _tainted(graph, cache, all_impure, ts, {k for k, fp in fps.items() if fp in stale})
     # Per graph, once each: a fingerprint's lookup, a key name's prefix, a function's
     # coroutine check, and the worker-side spec (shared by equal tasks: it is immutable).
     looked_up: dict[str, str | None] = {}

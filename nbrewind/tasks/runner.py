@@ -40,6 +40,7 @@ from nbrewind.tasks.remote import (
     sees_store,
     stash_result,
 )
+from nbrewind.tasks.reads import READS_REFS, digest_reads, recording_reads
 from nbrewind.tasks.results import TaskCacheError, load_entry, store_result
 
 __all__ = ["REF_NAMESPACE", "TaskSpec", "compute_and_store", "load_result", "object_store"]
@@ -123,21 +124,26 @@ def load_result(spec: TaskSpec, entry: str, fallback: tuple[dict[Hashable, Any],
     dsk, key = fallback
     started = time.perf_counter()
     graph: Any = dsk
-    value = execute_graph(graph, keys=[key])[key]  # type: ignore[list-item,index]
-    _try_store(spec, value, time.perf_counter() - started)
+    with recording_reads(skip=(spec.root,)) as reads:
+        value = execute_graph(graph, keys=[key])[key]  # type: ignore[list-item,index]
+    _try_store(spec, value, time.perf_counter() - started, reads)
     return value
 
 
 def compute_and_store(spec: TaskSpec, func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-    """Graph task for a cache miss: run the task, then store its result by fingerprint."""
+    """Graph task for a cache miss: run the task, then store its result by fingerprint,
+    with what it read from the local disk (`nbrewind.tasks.reads`)."""
     sees_store(spec.root, spec.link)  # before the task runs: checkpoints inside it need to know
     started = time.perf_counter()
-    value = func(*args, **kwargs)
-    _try_store(spec, value, time.perf_counter() - started)
+    if not spec.store:
+        return func(*args, **kwargs)
+    with recording_reads(skip=(spec.root,)) as reads:
+        value = func(*args, **kwargs)
+    _try_store(spec, value, time.perf_counter() - started, reads)
     return value
 
 
-def _try_store(spec: TaskSpec, value: object, duration: float) -> None:
+def _try_store(spec: TaskSpec, value: object, duration: float, reads: Any = None) -> None:
     if not spec.store:
         return
     record: dict[str, Any] = {
@@ -145,6 +151,9 @@ def _try_store(spec: TaskSpec, value: object, duration: float) -> None:
     }
     if spec.files:
         record["files"] = dict(spec.files)
+    read = digest_reads(reads) if reads is not None else None
+    if read is not None:
+        record["reads"] = read
     try:
         link = spec.link
         if link is not None and not sees_store(spec.root, link):
@@ -153,6 +162,8 @@ def _try_store(spec: TaskSpec, value: object, duration: float) -> None:
         objects = object_store(spec.root)
         with deferred_sync(objects.root) if spec.host == record["host"] else contextlib.nullcontext():
             entry, _ = store_result(objects, value, record)
+            if read is not None:  # before the result's own ref: a lookup that finds it checks the reads
+                objects.ref_set(READS_REFS, spec.fingerprint, entry)
             objects.ref_set(REF_NAMESPACE, spec.fingerprint, entry)
     except Exception:  # unpicklable result, full disk, read-only store: the task still succeeds
         return

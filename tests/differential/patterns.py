@@ -450,6 +450,46 @@ def _own_code_in_tasks_patterns() -> list[Pattern]:
         ))
     return out
 
+
+# Tasks that find their files while they run: the paths are in no argument or constant the
+# fingerprint could see.
+_TASK_READERS: dict[str, str] = {
+    "open_built_path": "def load(i):\n    with open(f'd/part{i}.txt') as fh:\n        return fh.read()",
+    "pathlib_built_path": "import pathlib\ndef load(i):\n    return (pathlib.Path('d') / f'part{i}.txt').read_text()",
+    "listdir_then_open": "import os, pathlib\ndef load(i):\n    return [pathlib.Path('d', n).read_text() for n in sorted(os.listdir('d'))]",
+    "glob_then_open": "import glob, pathlib\ndef load(i):\n    return [pathlib.Path(p).read_text() for p in sorted(glob.glob('d/*.txt'))]",
+    "glob_names": "import glob\ndef load(i):\n    return sorted(glob.glob('d/*.txt'))",
+    "scandir_names": "import os\ndef load(i):\n    return sorted(e.name for e in os.scandir('d'))",
+    "numpy_built_path": "import numpy as np\ndef load(i):\n    return float(np.loadtxt(f'd/part{i}.txt').sum())",
+    "pandas_built_path": "import pandas as pd\ndef load(i):\n    return pd.read_csv(f'd/part{i}.txt', header=None)[0].tolist()",
+}
+_TASK_FILES = {"d/part0.txt": "1\n2\n"}
+_TASK_CHANGES: dict[str, dict[str, str]] = {
+    "file_changed": {"d/part0.txt": "1\n5\n"},
+    "file_added": {"d/part0.txt": "1\n2\n", "d/part1.txt": "7\n"},
+}
+
+
+def _task_reads_patterns() -> list[Pattern]:
+    """A task (threaded scheduler) reading files by paths it builds, the files changed between
+    audit and repeat: the cell ran (the session saw the reads) but the task was a cache hit,
+    and a task downstream of it as well. Each reader x each change x (alone, with a
+    dependent task)."""
+    out = []
+    for reader, code in _TASK_READERS.items():
+        for change, files in _TASK_CHANGES.items():
+            for shape, compute in (
+                ("", "print(dask.compute(dask.delayed(load)(0), scheduler='threads'))"),
+                ("_and_a_dependent", "print(dask.compute(dask.delayed(len)(dask.delayed(str)(dask.delayed(load)(0))), scheduler='threads'))"),
+            ):
+                out.append(pattern(
+                    f"task_{reader}_{change}{shape}",
+                    f"a task reading d/ by a path it builds ({reader}), {change.replace('_', ' ')}: its result (and a "
+                    "dependent's) came from the cache, made from the old files",
+                    ["import dask\n" + code, compute], files=_TASK_FILES, files_repeat=files,
+                ))
+    return out
+
 PATTERNS: list[Pattern] = [
     # -- Class 1: in-place changes static analysis misses --------------------
     pattern(
@@ -1175,6 +1215,37 @@ PATTERNS: list[Pattern] = [
         inprocess=False,
     ),
     pattern(
+        "worker_process_reads_a_file_by_a_built_path",
+        "a task on a LocalCluster worker process opens d/part0.txt by a path it builds, changed between runs: "
+        "no open happens in the kernel and no argument names the file, so the cell replayed and the task hit",
+        [
+            "from distributed import Client, LocalCluster\n"
+            "cluster = LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None)\nclient = Client(cluster)",
+            "def load(i):\n    with open(f'd/part{i}.txt') as fh:\n        return sum(int(t) for t in fh.read().split())",
+            "total = client.submit(load, 0).result()\nprint(total)",
+            "client.close()\ncluster.close()\ndel client, cluster",
+        ],
+        files={"d/part0.txt": "1 2 3\n"},
+        files_repeat={"d/part0.txt": "4 5 6\n"},
+        inprocess=False,
+        replays=(0, 1),
+    ),
+    pattern(
+        "worker_process_lists_a_folder",
+        "a task on a LocalCluster worker process lists d/, where a file was added between runs",
+        [
+            "from distributed import Client, LocalCluster\n"
+            "cluster = LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None)\nclient = Client(cluster)",
+            "import os\ndef names(folder):\n    return sorted(os.listdir(folder))",
+            "print(client.submit(names, 'd').result())",
+            "client.close()\ncluster.close()\ndel client, cluster",
+        ],
+        files={"d/a.txt": "1"},
+        files_repeat={"d/a.txt": "1", "d/b.txt": "2"},
+        inprocess=False,
+        replays=(0, 1),
+    ),
+    pattern(
         "worker_process_reads_a_changed_file",
         "a task on a LocalCluster worker process reads in.txt (its path only in the task's arguments), changed "
         "between runs: no open of it happens in the kernel",
@@ -1427,14 +1498,18 @@ PATTERNS: list[Pattern] = [
     *_module_loaded_other_ways_patterns(),
     *_logger_patterns(),
     *_own_code_in_tasks_patterns(),
+    *_task_reads_patterns(),
 ]
 
 BY_NAME: dict[str, Pattern] = {p.name: p for p in PATTERNS}
 assert len(BY_NAME) == len(PATTERNS), "pattern names must be unique"
 
 KERNEL_PATTERNS: list[str] = [
+    "worker_process_reads_a_file_by_a_built_path",
+    "worker_process_lists_a_folder",
     "logger_level_on_a_kernel_edited",
     "logger_level_on_a_kernel_reader_edited",
+    "logger_disable_all_on_a_kernel_edited",
     "logger_disable_all_on_a_kernel_reader_edited",
     "sort_inplace",
     "class_method_assigned_restore",
@@ -1574,6 +1649,7 @@ def _reset_loggers() -> None:
         if handler not in _BASE_ROOT_HANDLERS and not type(handler).__module__.startswith("_pytest"):
             root.removeHandler(handler)
     root.setLevel(_BASE_ROOT_LEVEL)
+    logging.disable(logging.NOTSET)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,200 @@
+"""What a task read from the local disk while it ran, so its cached result is used only while
+that is unchanged.
+
+A task's fingerprint covers the files named in its arguments and code. A task that builds
+its paths while it runs (``open(f"data/part{i}.csv")``, ``glob.glob(folder + "/*.csv")``,
+``os.listdir(folder)``) reads files no fingerprint names: after one of them changed, its
+cached result was served again. So while a cache miss runs, the files it opens for reading
+and the folders it lists are noted, through the interpreter's audit events, on the task's own
+thread, and stored with its result (`digest_reads`): ``{"files": {path: digest}, "dirs":
+{path: listing digest}}``, paths relative to the working folder where under it, else absolute. Such a result also gets a ref in
+:data:`READS_REFS`, so a lookup knows which fingerprints to check without reading every entry.
+Before a graph is rewritten, `changed_reads` names the fingerprints whose recorded reads no
+longer hold; those tasks and every task downstream of them run uncached.
+
+Not seen: files opened in native code (pyarrow's C++ readers on a worker process), by threads
+the task starts, or by another process; reads of library and store files are not the task's.
+The audit hook, once added, stays for the life of the process (the interpreter cannot remove
+one); outside a recording task it returns at once.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import xxhash
+
+from nbrewind.identity.files import file_digest, quiet_reads, quietly
+from nbrewind.identity.modules import library_kind
+
+__all__ = ["READS_REFS", "changed_reads", "digest_reads", "listing_digest", "recording_reads", "reads_hold"]
+
+READS_REFS = "task-reads"
+"""Ref namespace: fingerprint -> result entry, for results whose record holds ``reads``."""
+
+ABSENT = "absent"
+
+_local = threading.local()
+_hook_added = False
+_hook_lock = threading.Lock()
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+class _Reads:
+    def __init__(self, skip: tuple[str, ...]) -> None:
+        self.files: dict[str, None] = {}
+        self.written: set[str] = set()
+        self.dirs: dict[str, None] = {}
+        self.skip = skip
+
+
+def _hook(event: str, args: tuple[Any, ...]) -> None:
+    reads = getattr(_local, "reads", None)
+    if reads is None or getattr(quiet_reads, "on", False):
+        return
+    if event == "open":
+        path, mode, flags = args
+        if isinstance(path, int) or path is None:
+            return
+        write = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (isinstance(flags, int) and flags & _WRITE_FLAGS)
+        where = _absolute(path)
+        if where is None or where.startswith(reads.skip):
+            return
+        if write:
+            reads.written.add(where)
+        else:
+            reads.files[where] = None
+    elif event in ("os.listdir", "os.scandir"):
+        where = _absolute(args[0] if args and args[0] is not None else ".")
+        if where is not None and not where.startswith(reads.skip):
+            reads.dirs[where] = None
+
+
+def _absolute(path: Any) -> str | None:
+    try:
+        text = os.fsdecode(path)
+    except TypeError:
+        return None
+    return os.path.abspath(text)
+
+
+def _ensure_hook() -> None:
+    global _hook_added
+    if _hook_added:
+        return
+    with _hook_lock:
+        if not _hook_added:
+            sys.addaudithook(_hook)
+            _hook_added = True
+
+
+@contextmanager
+def recording_reads(skip: Iterable[str] = ()) -> Iterator[_Reads]:
+    """Note what this thread opens for reading and lists within the block (paths under
+    ``skip`` folders, such as the store, are left out); see `digest_reads`."""
+    _ensure_hook()
+    outer = getattr(_local, "reads", None)
+    reads = _Reads(tuple(os.path.join(os.path.abspath(s), "") for s in skip))
+    _local.reads = reads
+    try:
+        yield reads
+    finally:
+        _local.reads = outer
+        if outer is not None:  # a task run inside another (a nested compute): its reads are the outer one's too
+            outer.files.update(reads.files)
+            outer.written |= reads.written
+            outer.dirs.update(reads.dirs)
+
+
+def listing_digest(path: str) -> str:
+    """Digest of the sorted names in a folder, or ``absent``."""
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return ABSENT
+    return xxhash.xxh3_128_hexdigest("\0".join(names).encode("utf-8", "surrogateescape"))
+
+
+def _file_key(path: str) -> str:
+    return file_digest(path) or ABSENT
+
+
+def digest_reads(reads: _Reads) -> dict[str, dict[str, str]] | None:
+    """What `recording_reads` noted, as it is now: the content digest of each file read
+    (not one the task also wrote: that is its output) and of each folder listed; None when
+    the task read nothing that counts. Files of installed libraries are left out."""
+    with quietly():
+        return _digest_reads(reads)
+
+
+def _digest_reads(reads: _Reads) -> dict[str, dict[str, str]] | None:
+    here = os.path.join(os.getcwd(), "")
+    files: dict[str, str] = {}
+    for path in reads.files:
+        if path in reads.written or os.path.isdir(path) or library_kind(path) is not None:
+            continue
+        files[_portable(path, here)] = _file_key(path)
+    dirs = {_portable(path, here): listing_digest(path) for path in reads.dirs if library_kind(os.path.join(path, "")) is None}
+    if not files and not dirs:
+        return None
+    return {"files": files, "dirs": dirs}
+
+
+def _portable(path: str, here: str) -> str:
+    # Under the working folder: relative to it, as a repeat in another folder (or on
+    # another machine) finds the notebook's files; anything else stays absolute.
+    return path[len(here):] if path.startswith(here) else path
+
+
+def reads_hold(recorded: Any) -> bool:
+    """Whether every file and folder in a result's recorded ``reads`` is as it was (relative
+    paths are resolved against this process's working folder)."""
+    if not isinstance(recorded, Mapping):
+        return False
+    files, dirs = recorded.get("files", {}), recorded.get("dirs", {})
+    if not isinstance(files, Mapping) or not isinstance(dirs, Mapping):
+        return False
+    with quietly():
+        return all(_file_key(str(p)) == d for p, d in files.items()) and all(listing_digest(str(p)) == d for p, d in dirs.items())
+
+
+def changed_reads(objects: Any, fingerprints: Iterable[str], read_entry: Any) -> set[str]:
+    """The fingerprints among ``fingerprints`` whose cached result recorded reads that no
+    longer hold (or cannot be checked). One listing of :data:`READS_REFS`, then one entry
+    read per fingerprint that has reads."""
+    wanted = set(fingerprints)
+    having = _names_in(os.path.join(objects.refs_dir, READS_REFS))
+    out = set()
+    for fp in wanted & having:
+        try:
+            entry = objects.ref_get(READS_REFS, fp)
+            if entry is None:
+                continue
+            _, meta = read_entry(objects, entry)
+            if not reads_hold(meta.get("reads")):
+                out.add(fp)
+        except Exception:  # an unreadable record cannot vouch for the result
+            out.add(fp)
+    return out
+
+
+def _names_in(folder: str) -> set[str]:
+    names: set[str] = set()
+    try:
+        fans = os.scandir(folder)
+    except OSError:
+        return names
+    with fans:
+        for fan in fans:
+            if not fan.is_dir():
+                continue
+            try:
+                names.update(e.name for e in os.scandir(fan.path) if not e.name.startswith("."))
+            except OSError:
+                continue
+    return names
