@@ -274,8 +274,8 @@ def module_data(module: types.ModuleType) -> dict[str, Any]:
     functions and classes it defines (those are its source, keyed by `@src:`)."""
     out = {}
     for key, value in vars(module).items():
-        if key.startswith("__") or isinstance(value, types.ModuleType):
-            continue
+        if key.startswith("__") or isinstance(value, types.ModuleType) or type(value).__module__ == "__future__":
+            continue  # `from __future__ import annotations` binds a compiler flag, not data
         if isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) == module.__name__:
             continue
         out[key] = value

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import decimal
 import gc
 import importlib
@@ -490,7 +491,10 @@ def _task_reads_patterns() -> list[Pattern]:
                 ))
     return out
 
-PATTERNS: list[Pattern] = [
+
+def _patterns() -> list[Pattern]:
+    """Every pattern, made on first use (see `__getattr__`)."""
+    return [
     # -- Class 1: in-place changes static analysis misses --------------------
     pattern(
         "sort_inplace",
@@ -1501,8 +1505,24 @@ PATTERNS: list[Pattern] = [
     *_task_reads_patterns(),
 ]
 
-BY_NAME: dict[str, Pattern] = {p.name: p for p in PATTERNS}
-assert len(BY_NAME) == len(PATTERNS), "pattern names must be unique"
+@functools.lru_cache(maxsize=1)
+def _registry() -> tuple[list[Pattern], dict[str, Pattern]]:
+    patterns = _patterns()
+    by_name = {p.name: p for p in patterns}
+    assert len(by_name) == len(patterns), "pattern names must be unique"
+    return patterns, by_name
+
+
+def __getattr__(name: str) -> Any:
+    # PATTERNS and BY_NAME are not module attributes: in process this module is one of the
+    # notebook's "local modules", whose data every cell digests twice (about 15 ms for these
+    # lists); held by a function, they are code, not data.
+    if name == "PATTERNS":
+        return _registry()[0]
+    if name == "BY_NAME":
+        return _registry()[1]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 KERNEL_PATTERNS: list[str] = [
     "worker_process_reads_a_file_by_a_built_path",

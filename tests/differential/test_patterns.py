@@ -18,17 +18,21 @@ from pathlib import Path
 
 import pytest
 
-from differential.patterns import BY_NAME, PATTERNS, PatternRuns, run_pattern
+from differential import patterns
+from differential.patterns import PatternRuns, run_pattern
+
+# `patterns.PATTERNS`, not the list bound here: in process, this module's data is digested
+# around every cell (see `differential.patterns.__getattr__`).
 from differential.test_inprocess import differences, forecast_errors
 
-NAMES = [p.name for p in PATTERNS if p.inprocess]
+NAMES = [p.name for p in patterns.PATTERNS if p.inprocess]
 
 
 @functools.lru_cache(maxsize=None)
 def _runs(name: str, base: Path) -> PatternRuns:
     root = base / f"pattern_{name}"
     root.mkdir()
-    return run_pattern(BY_NAME[name], root)
+    return run_pattern(patterns.BY_NAME[name], root)
 
 
 def runs_for(name: str, factory: pytest.TempPathFactory) -> PatternRuns:
@@ -69,9 +73,9 @@ def test_patterns_are_well_formed() -> None:
     """Unique names, every kernel-tier name exists, every edit changes or extends N only where meant."""
     from differential.patterns import KERNEL_PATTERNS
 
-    assert len(BY_NAME) == len(PATTERNS)
-    assert set(KERNEL_PATTERNS) <= set(BY_NAME)
-    for p in PATTERNS:
+    assert len(patterns.BY_NAME) == len(patterns.PATTERNS)
+    assert set(KERNEL_PATTERNS) <= set(patterns.BY_NAME)
+    for p in patterns.PATTERNS:
         assert p.why and p.cells, p.name
         assert p.inprocess or p.name in KERNEL_PATTERNS, f"{p.name} runs on no tier"
         assert p.edited != p.cells or p.files_audit != p.files_repeat or p.setup_repeat is not None, f"{p.name}: nothing changes between runs"

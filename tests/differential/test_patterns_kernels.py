@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from differential.patterns import BY_NAME, KERNEL_PATTERNS, Pattern, prepare_workdir
+from differential import patterns
+from differential.patterns import KERNEL_PATTERNS, Pattern, prepare_workdir
 from differential.test_kernels import TESTS_DIR, _write, normalized_cells
 
 
@@ -63,7 +64,7 @@ def _runs(name: str, base: Path) -> tuple[list[Any], list[Any], list[Any], list[
     from nbrewind.store import Store
     from nbrewind.store.report import cell_log
 
-    p = BY_NAME[name]
+    p = patterns.BY_NAME[name]
     root = base / f"kpattern_{name}"
     store = root / "store"
     edited = [*p.edited, probe_cell(p)]
@@ -93,7 +94,7 @@ def _runs(name: str, base: Path) -> tuple[list[Any], list[Any], list[Any], list[
 @pytest.mark.parametrize("name", KERNEL_PATTERNS)
 def test_repeat_matches_python3(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Audit N, repeat N': outputs, counts, namespace and hidden state equal a python3 run of N'; the audit is silent."""
-    p = BY_NAME[name]
+    p = patterns.BY_NAME[name]
     audit, repeat, fresh, rows = _runs(name, tmp_path_factory.getbasetemp())
     assert len(repeat) == len(fresh) == len(p.edited) + 1
     decisions = [row.decision for row in rows]
@@ -110,7 +111,7 @@ def test_repeat_matches_python3(name: str, tmp_path_factory: pytest.TempPathFact
 @pytest.mark.parametrize("name", KERNEL_PATTERNS)
 def test_unchanged_prefix_replays(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     """The pattern exercises replay on real kernels: the cells before the first edit replay (DESIGN property 2)."""
-    p = BY_NAME[name]
+    p = patterns.BY_NAME[name]
     rows = _runs(name, tmp_path_factory.getbasetemp())[3]
     ran = [(i, rows[i].decision, rows[i].reason) for i in p.must_replay if rows[i].decision != "replayed"]
     assert not ran, p.describe() + f"\n\nthese cells before the first edit did not replay: {ran}"
