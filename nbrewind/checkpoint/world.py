@@ -32,9 +32,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import xxhash
-
-from nbrewind.identity.files import file_digest, quiet_reads
+from nbrewind.identity.files import file_digest, listing_digest, quiet_reads
 from nbrewind.identity.modules import is_local_module
 
 __all__ = ["WorldTracker", "listing_key", "stat_key"]
@@ -127,15 +125,13 @@ def _stack_names(depth: int) -> str:
 
 
 def listing_key(path: str) -> str:
-    """Digest of the sorted names in a directory (``absent`` when it is missing or not one)."""
+    """Digest of the sorted names in a directory (`identity.files.listing_digest`), not
+    recorded as the cell's listing."""
     _busy.on = True
     try:
-        names = sorted(os.listdir(path))
-    except OSError:
-        return "absent"
+        return listing_digest(path)
     finally:
         _busy.on = False
-    return xxhash.xxh3_128_hexdigest("\0".join(names).encode("utf-8", "surrogateescape"))
 
 
 def stat_key(path: str, *, kind_only: bool = False) -> str:

@@ -20,7 +20,7 @@ import xxhash
 if TYPE_CHECKING:
     from nbrewind.identity.memo import DigestMemo
 
-__all__ = ["file_digest", "quiet_reads", "quietly", "read_file", "remembering"]
+__all__ = ["file_digest", "listing_digest", "quiet_reads", "quietly", "read_file", "remembering"]
 
 # Bound at import: a cell may run with os.stat wrapped (file metadata tracking), and
 # NBRewind's own stats must not be recorded as the cell's.
@@ -39,6 +39,16 @@ def quietly() -> Iterator[None]:
         yield
     finally:
         quiet_reads.on = quiet
+
+def listing_digest(path: str | os.PathLike[str]) -> str:
+    """xxh3-128 hex of the sorted names in a folder, or ``absent`` when it is missing or not
+    one: what a cell's ``@dir:`` input and a task's recorded listing both compare."""
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return "absent"
+    return xxhash.xxh3_128_hexdigest("\0".join(names).encode("utf-8", "surrogateescape"))
+
 
 _CACHE_SIZE = 4096
 _CHUNK = 1 << 20

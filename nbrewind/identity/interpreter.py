@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import importlib.util
 import locale
 import logging
 import os
@@ -30,6 +31,8 @@ import sys
 import time
 from collections.abc import Iterator
 from typing import Any
+
+from nbrewind.identity.modules import library_kind
 
 __all__ = [
     "collector_paused", "interpreter_get", "interpreter_put", "locale_get", "locale_put", "loggers_get", "loggers_put",
@@ -313,7 +316,7 @@ def _make_handler(described: Any) -> logging.Handler:
 # -- the notebook's named loggers ------------------------------------------------------
 
 
-def _library_logger(name: str) -> bool:
+def _library_logger(name: str, set_up_by_distributed: set[str]) -> bool:
     """Whether logger `name` is a library's (named after a loaded installed or standard
     module): libraries configure their loggers when imported, which a replay does not do,
     so their configuration is not the notebook's state."""
@@ -322,17 +325,13 @@ def _library_logger(name: str) -> bool:
         return False
     if top == "nbrewind":
         return True  # the tool's own logger, wherever it is installed from
-    if top in _named_by_dask_config():
-        return True  # distributed sets these up when imported ("bokeh", "tornado"), loaded or not
+    if top in set_up_by_distributed:
+        return True  # "bokeh", "tornado": loaded or not
     module = sys.modules.get(top)
     if module is None:
         return _installed(top)
     file = getattr(module, "__file__", None)
-    if not isinstance(file, str):
-        return True
-    from nbrewind.identity.modules import library_kind
-
-    return library_kind(file) is not None
+    return not isinstance(file, str) or library_kind(file) is not None
 
 
 def _named_by_dask_config() -> set[str]:
@@ -354,10 +353,6 @@ def _named_by_dask_config() -> set[str]:
 @functools.lru_cache(maxsize=1024)
 def _installed(top: str) -> bool:
     """Whether a module not loaded yet would be imported as `top` from an installed library."""
-    import importlib.util
-
-    from nbrewind.identity.modules import library_kind
-
     try:
         spec = importlib.util.find_spec(top)
     except (ImportError, ValueError):
@@ -368,12 +363,13 @@ def _installed(top: str) -> bool:
 
 def _named_now() -> dict[str, Any]:
     out: dict[str, Any] = {}
+    by_distributed = _named_by_dask_config()
     for name, logger in list(logging.Logger.manager.loggerDict.items()):
         if not isinstance(logger, logging.Logger):
             continue
         if logger.level == logging.NOTSET and logger.propagate and not logger.disabled and not logger.handlers and not logger.filters:
             continue
-        if _library_logger(name):
+        if _library_logger(name, by_distributed):
             continue
         out[name] = {
             "level": logger.level, "propagate": logger.propagate, "disabled": logger.disabled,

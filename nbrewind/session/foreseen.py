@@ -20,6 +20,7 @@ from nbrewind.checkpoint.serialize import Unserializable
 from nbrewind.session import pseudo
 from nbrewind.session.clients import may_need_client
 from nbrewind.session.keys import user_names
+from nbrewind.session.outside import SYS_PATH_INPUT
 from nbrewind.session.plan import CellPlan, is_function_entry
 from nbrewind.session.state import MODULE, PLAIN, READS, UNSERIALIZABLE, VALUE, Entry, value_key
 from nbrewind.store.digest import digest_bytes
@@ -38,7 +39,6 @@ UNFORESEEN: Cells = frozenset({-1})
 
 _WORLD = frozenset({pseudo.Pseudo.LISTING, pseudo.Pseudo.STAT, pseudo.Pseudo.KIND})
 _MODULE = frozenset({pseudo.Pseudo.SOURCE, pseudo.Pseudo.MODULE_STATE})
-_SYS_PATH = pseudo.name(pseudo.Pseudo.SETTING, "sys.path")
 
 
 class Foreseen:
@@ -90,8 +90,8 @@ class Foreseen:
 
     def _sys_path_moved(self) -> bool:
         """Whether a foreseen replay changes sys.path (replays put it back at once)."""
-        known = self.known.get(_SYS_PATH)
-        return known is not None and known != self._keys.current_key(_SYS_PATH)
+        known = self.known.get(SYS_PATH_INPUT)
+        return known is not None and known != self._keys.current_key(SYS_PATH_INPUT)
 
     def _module_written(self, module: str) -> bool:
         tail = module.replace(".", "/")

@@ -30,6 +30,7 @@ from nbrewind.store.objects import ObjectStore
 
 SYS_PATH = "sys.path"
 """The setting replayed cells put back at once (see `Outside.apply`)."""
+SYS_PATH_INPUT = pseudo.name(Pseudo.SETTING, SYS_PATH)
 
 IMPURE = pseudo.name(Pseudo.IMPURE)
 

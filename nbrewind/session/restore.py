@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from nbrewind.checkpoint import hidden, randomness
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.values import load_group
-from nbrewind.session import pseudo
 from nbrewind.session.keys import user_names
+from nbrewind.session.outside import SYS_PATH_INPUT
 from nbrewind.session.state import HIDDEN, MODULE, UNSERIALIZABLE, VALUE, Entry
 
 if TYPE_CHECKING:
@@ -31,8 +31,6 @@ if TYPE_CHECKING:
     from nbrewind.store.catalog import Catalog
 
 __all__ = ["BroughtBack", "Restorer", "complete_pending"]
-
-_SYS_PATH_ENTRY = pseudo.name(pseudo.Pseudo.SETTING, "sys.path")
 
 
 @dataclass
@@ -162,7 +160,7 @@ class Restorer:
             state.forget(name)
         eager: dict[str, list[str]] = {}
         # sys.path first: a local module the same cell imported is found where it put it.
-        for name in sorted(writes, key=lambda n: n != _SYS_PATH_ENTRY):
+        for name in sorted(writes, key=lambda n: n != SYS_PATH_INPUT):
             entry = entries.get(name)
             if entry is None:
                 continue

@@ -319,35 +319,28 @@ class TaskCache:
         about a file (it changed between two submissions of one cell), the last row's
         digest is kept.
         """
-        out: dict[str, str] = {}
-        for row in rows:
-            files = row.file_inputs if isinstance(row, TaskLogRow) else None
-            if files is None:
-                digest = row.result_digest
-                files = {}
-                if isinstance(digest, str):
-                    try:
-                        files = _recorded_files(read_entry(self.objects, digest)[1])
-                    except (NbrewindError, OSError, ValueError):
-                        pass
-            out.update(files)
-        return out
+        return self._recorded(rows, "file_inputs", _recorded_files)
 
     def dir_inputs(self, rows: Iterable[TaskLogEntry]) -> dict[str, str]:
         """The local folders the tasks of ``rows`` listed when they ran: absolute path ->
-        listing digest (`nbrewind.tasks.reads.listing_digest`, the digest of a cell's
-        ``@dir:`` input), as `file_inputs` gives their files."""
+        listing digest (`nbrewind.identity.files.listing_digest`, that of a cell's ``@dir:``
+        input), as `file_inputs` gives their files."""
+        return self._recorded(rows, "dir_inputs", _recorded_dirs)
+
+    def _recorded(
+        self, rows: Iterable[TaskLogEntry], carried: str, from_record: Callable[[Mapping[str, Any]], dict[str, str]]
+    ) -> dict[str, str]:
         out: dict[str, str] = {}
         for row in rows:
-            dirs = row.dir_inputs if isinstance(row, TaskLogRow) else None
-            if dirs is None:
-                dirs = {}
+            found: Mapping[str, str] | None = getattr(row, carried) if isinstance(row, TaskLogRow) else None
+            if found is None:
+                found = {}
                 if isinstance(row.result_digest, str):
                     try:
-                        dirs = _recorded_dirs(read_entry(self.objects, row.result_digest)[1])
+                        found = from_record(read_entry(self.objects, row.result_digest)[1])
                     except (NbrewindError, OSError, ValueError):
                         pass
-            out.update(dirs)
+            out.update(found)
         return out
 
     def stats(self, rows: Iterable[TaskLogEntry]) -> tuple[int, int]:

@@ -27,12 +27,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-import xxhash
-
-from nbrewind.identity.files import file_digest, quiet_reads, quietly
+from nbrewind.identity.files import file_digest, listing_digest, quiet_reads, quietly
 from nbrewind.identity.modules import library_kind
+from nbrewind.store.objects import ObjectStore
+from nbrewind.tasks.results import read_entry
 
-__all__ = ["READS_REFS", "changed_reads", "digest_reads", "listing_digest", "recording_reads", "reads_hold"]
+__all__ = ["READS_REFS", "changed_reads", "digest_reads", "recording_reads", "reads_hold"]
 
 READS_REFS = "task-reads"
 """Ref namespace: fingerprint -> result entry, for results whose record holds ``reads``."""
@@ -111,15 +111,6 @@ def recording_reads(skip: Iterable[str] = ()) -> Iterator[_Reads]:
             outer.dirs.update(reads.dirs)
 
 
-def listing_digest(path: str) -> str:
-    """Digest of the sorted names in a folder, or ``absent``."""
-    try:
-        names = sorted(os.listdir(path))
-    except OSError:
-        return ABSENT
-    return xxhash.xxh3_128_hexdigest("\0".join(names).encode("utf-8", "surrogateescape"))
-
-
 def _file_key(path: str) -> str:
     return file_digest(path) or ABSENT
 
@@ -163,7 +154,7 @@ def reads_hold(recorded: Any) -> bool:
         return all(_file_key(str(p)) == d for p, d in files.items()) and all(listing_digest(str(p)) == d for p, d in dirs.items())
 
 
-def changed_reads(objects: Any, fingerprints: Iterable[str], read_entry: Any) -> set[str]:
+def changed_reads(objects: ObjectStore, fingerprints: Iterable[str]) -> set[str]:
     """The fingerprints among ``fingerprints`` whose cached result recorded reads that no
     longer hold (or cannot be checked). One listing of :data:`READS_REFS`, then one entry
     read per fingerprint that has reads."""

@@ -36,7 +36,6 @@ from nbrewind.tasks.cache import TaskCache, is_impure, load_result
 from nbrewind.tasks.reads import changed_reads
 from nbrewind.tasks.remote import StoreLink
 from nbrewind.tasks.resume import run_resumable
-from nbrewind.tasks.results import read_entry
 from nbrewind.tasks.settings import task_settings
 
 __all__ = ["FALLBACK_LIMIT", "Rewritten", "flatten_keys", "rewrite_graph"]
@@ -259,7 +258,7 @@ def _rewrite(
         files = fingerprinter.file_inputs
     # Results whose task read files or folders (by paths no fingerprint names) that changed
     # since: those tasks, and everything downstream, run uncached.
-    stale = changed_reads(cache.objects, set(fps.values()), read_entry) if fps else set()
+    stale = changed_reads(cache.objects, set(fps.values())) if fps else set()
     tainted = _tainted(graph, cache, all_impure, ts, {k for k, fp in fps.items() if fp in stale})
     # Per graph, once each: a fingerprint's lookup, a key name's prefix, a function's
     # coroutine check, and the worker-side spec (shared by equal tasks: it is immutable).

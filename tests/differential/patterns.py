@@ -167,15 +167,25 @@ def parquet_three_four(workdir: Path) -> None:
     pd.DataFrame({"v": [3, 4]}).to_parquet(workdir / "t.parquet")
 
 
-def _cluster_reads_a_file(how: str) -> list[str]:
-    """A one-worker LocalCluster (`how`: its other arguments), a task reading in.txt, the close."""
+def _on_a_cluster(how: str, define: str, use: str) -> list[str]:
+    """A one-worker LocalCluster (`how`: its other arguments), a cell defining a task
+    function, one submitting it, the close."""
     return [
         "from distributed import Client, LocalCluster\n"
         f"cluster = LocalCluster(n_workers=1, {how}, dashboard_address=None)\nclient = Client(cluster)",
-        "def load(p):\n    with open(p) as fh:\n        return sum(int(t) for t in fh.read().split())",
-        'total = client.submit(load, "in.txt").result()\nprint(total)',
+        define,
+        use,
         "client.close()\ncluster.close()\ndel client, cluster",
     ]
+
+
+def _cluster_reads_a_file(how: str) -> list[str]:
+    """`_on_a_cluster` with a task reading in.txt."""
+    return _on_a_cluster(
+        how,
+        "def load(p):\n    with open(p) as fh:\n        return sum(int(t) for t in fh.read().split())",
+        'total = client.submit(load, "in.txt").result()\nprint(total)',
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -1222,13 +1232,11 @@ def _patterns() -> list[Pattern]:
         "worker_process_reads_a_file_by_a_built_path",
         "a task on a LocalCluster worker process opens d/part0.txt by a path it builds, changed between runs: "
         "no open happens in the kernel and no argument names the file, so the cell replayed and the task hit",
-        [
-            "from distributed import Client, LocalCluster\n"
-            "cluster = LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None)\nclient = Client(cluster)",
+        _on_a_cluster(
+            "threads_per_worker=1",
             "def load(i):\n    with open(f'd/part{i}.txt') as fh:\n        return sum(int(t) for t in fh.read().split())",
             "total = client.submit(load, 0).result()\nprint(total)",
-            "client.close()\ncluster.close()\ndel client, cluster",
-        ],
+        ),
         files={"d/part0.txt": "1 2 3\n"},
         files_repeat={"d/part0.txt": "4 5 6\n"},
         inprocess=False,
@@ -1237,13 +1245,11 @@ def _patterns() -> list[Pattern]:
     pattern(
         "worker_process_lists_a_folder",
         "a task on a LocalCluster worker process lists d/, where a file was added between runs",
-        [
-            "from distributed import Client, LocalCluster\n"
-            "cluster = LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None)\nclient = Client(cluster)",
+        _on_a_cluster(
+            "threads_per_worker=1",
             "import os\ndef names(folder):\n    return sorted(os.listdir(folder))",
             "print(client.submit(names, 'd').result())",
-            "client.close()\ncluster.close()\ndel client, cluster",
-        ],
+        ),
         files={"d/a.txt": "1"},
         files_repeat={"d/a.txt": "1", "d/b.txt": "2"},
         inprocess=False,
