@@ -99,6 +99,10 @@ class ExpressionWalk(WalkerState):
         func = node.func
         if isinstance(func, ast.Name) and func.id == "vars" and (node.args or node.keywords):
             self.reads.add("vars")  # vars(obj) inspects obj, not the namespace
+        elif isinstance(func, ast.Name) and func.id == "dir" and not (node.args or node.keywords) and self.top is self.module:
+            # dir() at the top of a cell lists the notebook's names, as globals() does.
+            self.expr(func)
+            self.load("globals")
         else:
             self.expr(func)
         method = func.attr if isinstance(func, ast.Attribute) else None

@@ -29,13 +29,14 @@ import logging
 import os
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 from nbrewind.identity.modules import library_kind
 
 __all__ = [
-    "collector_paused", "interpreter_get", "interpreter_put", "locale_get", "locale_put", "loggers_get", "loggers_put",
+    "collector_paused", "display_get", "display_put", "interpreter_get", "interpreter_put", "locale_get", "locale_put", "loggers_get", "loggers_put",
     "logging_get", "logging_put", "note_baseline",
     "socket_get", "socket_put", "time_zone_get", "time_zone_put",
 ]
@@ -86,6 +87,7 @@ def note_baseline() -> None:
             "socket": _socket_now(),
             "locale": _locale_now(),
         }
+        display_get()
 
 
 def _baseline(key: str) -> Any:
@@ -429,3 +431,95 @@ def loggers_put(snapshot: dict[str, Any]) -> None:
         logger.setLevel(want["level"])
         logger.propagate = want["propagate"]
         logger.disabled = want["disabled"]
+
+
+# -- IPython's display -------------------------------------------------------------------
+
+# Per formatter, the tables a notebook registers printers in (``for_type``,
+# ``for_type_by_name``). ``singleton_printers`` is keyed by object ids, which another
+# process does not share; notebooks leave it alone.
+_PRINTER_TABLES = ("type_printers", "deferred_printers")
+_display_baselines: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _shell() -> Any:
+    ipython = sys.modules.get("IPython")
+    get = getattr(ipython, "get_ipython", None)
+    return get() if get is not None else None
+
+
+def _display_now(shell: Any) -> dict[str, Any]:
+    formatters = shell.display_formatter
+    now: dict[str, Any] = {
+        "interactivity": shell.ast_node_interactivity,
+        "active_types": list(formatters.active_types),
+    }
+    for mime, formatter in sorted(formatters.formatters.items()):
+        entry: dict[str, Any] = {"enabled": formatter.enabled}
+        for table in _PRINTER_TABLES:
+            entry[table] = dict(getattr(formatter, table))
+        if hasattr(formatter, "float_precision"):
+            entry["float_precision"] = formatter.float_precision
+            entry["pprint"] = formatter.pprint
+        now[mime] = entry
+    return now
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, a function compared by identity (a lambda compares equal to nothing else)."""
+    if type(a) is dict and type(b) is dict:
+        return a.keys() == b.keys() and all(_same(v, b[k]) for k, v in a.items())
+    if callable(a) or callable(b):
+        return a is b
+    return bool(a == b)
+
+
+def display_get() -> dict[str, Any]:
+    """IPython's display configuration where the notebook changed it: which expressions show
+    (``ast_node_interactivity``), ``%precision``, ``%pprint``, the printers a cell
+    registered with ``for_type`` and which formatters are on. Empty outside IPython."""
+    shell = _shell()
+    if shell is None:
+        return {}
+    now = _display_now(shell)
+    base = _display_baselines.setdefault(shell, now)
+    if base is now:
+        return {}
+    out: dict[str, Any] = {}
+    for key, value in now.items():
+        if type(value) is dict:
+            changed = {k: v for k, v in value.items() if not _same(v, base.get(key, {}).get(k))}
+            if changed:
+                out[key] = changed
+        elif not _same(value, base.get(key)):
+            out[key] = value
+    return out
+
+
+def display_put(snapshot: dict[str, Any]) -> None:
+    shell = _shell()
+    if shell is None:
+        return
+    now = _display_now(shell)
+    base = _display_baselines.setdefault(shell, now)
+    wanted = {k: snapshot.get(k, v) if type(v) is not dict else {**v, **snapshot.get(k, {})} for k, v in base.items()}
+    wanted.update({k: v for k, v in snapshot.items() if k not in wanted})
+    if shell.ast_node_interactivity != wanted["interactivity"]:
+        shell.ast_node_interactivity = wanted["interactivity"]
+    if list(shell.display_formatter.active_types) != wanted["active_types"]:
+        shell.display_formatter.active_types = list(wanted["active_types"])
+    for mime, formatter in shell.display_formatter.formatters.items():
+        want = wanted.get(mime)
+        if want is None:
+            continue
+        for table in _PRINTER_TABLES:
+            live = getattr(formatter, table)
+            if not _same(dict(live), want[table]):
+                live.clear()
+                live.update(want[table])
+        if formatter.enabled != want["enabled"]:
+            formatter.enabled = want["enabled"]
+        if "float_precision" in want and formatter.float_precision != want["float_precision"]:
+            formatter.float_precision = want["float_precision"]
+        if "pprint" in want and formatter.pprint != want["pprint"]:
+            formatter.pprint = want["pprint"]

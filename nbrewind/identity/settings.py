@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import pickle
 import struct
 import sys
+import types
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -33,8 +35,11 @@ from typing import Any
 import xxhash
 
 from nbrewind.identity import interpreter
+from nbrewind.identity.code import code_digest, code_info
+from nbrewind.identity.modules import is_local_module
+from nbrewind.identity.values import is_notebook_code
 
-__all__ = ["DASK_CONFIG_EXCLUDED", "REGISTRY", "Setting", "apply_settings", "canonical_bytes", "capture_settings", "encode", "settings_digests"]
+__all__ = ["DASK_CONFIG_EXCLUDED", "REGISTRY", "Setting", "apply_settings", "canonical_bytes", "capture_settings", "content_bytes", "encode", "notebook_code_names", "settings_digests"]
 
 
 @dataclass(frozen=True)
@@ -79,10 +84,10 @@ def _encode(value: Any, out: list[bytes]) -> None:
     elif kind in (str, int, float, bool, complex, bytes, type(None)):
         raw = pickle.dumps(value, protocol=5)
         out.append(b"p%d:" % len(raw) + raw)
-    elif callable(value):
-        # A formatter or a scheduler function: by where it is defined, never by id().
-        label = f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', type(value).__qualname__)}"
-        out.append(b"c" + label.encode() + b";")
+    elif callable(value) and not isinstance(value, type):
+        _encode_callable(value, out, set())
+    elif isinstance(value, type):
+        _encode_type(value, out, set())
     else:
         label = f"{kind.__module__}.{kind.__qualname__}"
         try:
@@ -90,6 +95,143 @@ def _encode(value: Any, out: list[bytes]) -> None:
         except Exception:  # noqa: BLE001 - an unpicklable setting value is keyed by its repr
             raw = repr(value).encode()
         out.append(b"o" + label.encode() + b"%d:" % len(raw) + raw)
+
+
+def _encode_callable(value: Any, out: list[bytes], seen: set[int]) -> None:
+    """A formatter, a scheduler function, a hook: by what it does, never by id().
+
+    A name alone would not do: ``'{:.2f}'.format`` and ``'{:.4f}'.format`` are both
+    ``str.format``, and every lambda is ``__main__.<lambda>``. So a bound method
+    carries what it is bound to, a partial its arguments, and a function the
+    notebook defined its code, defaults, closure and the globals its code names.
+    """
+    if id(value) in seen:
+        out.append(b"r;")  # a function reaching itself (recursion through a global)
+        return
+    seen.add(id(value))
+    if isinstance(value, types.FunctionType) and not _library_function(value):
+        out.append(b"f" + code_digest(value).encode() + b";")
+        for part in (value.__defaults__, value.__kwdefaults__):
+            _encode_part(part, out, seen)
+        for cell in value.__closure__ or ():
+            try:
+                _encode_part(cell.cell_contents, out, seen)
+            except ValueError:  # an empty cell
+                out.append(b"e;")
+        names = value.__globals__
+        for name in code_info(value.__code__).global_names:
+            if name in names:
+                out.append(b"g" + name.encode() + b"=")
+                _encode_part(names[name], out, seen)
+        return
+    if isinstance(value, functools.partial):
+        out.append(b"P")
+        _encode_part(value.func, out, seen)
+        _encode_part(value.args, out, seen)
+        _encode_part(value.keywords, out, seen)
+        return
+    bound = getattr(value, "__self__", None)
+    if isinstance(value, (types.MethodType, types.BuiltinMethodType, types.MethodWrapperType)) and bound is not None and not isinstance(bound, types.ModuleType):
+        out.append(b"m" + getattr(value, "__name__", "?").encode() + b";")
+        _encode_part(getattr(value, "__func__", None), out, seen)
+        _encode_part(bound, out, seen)
+        return
+    label = f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', type(value).__qualname__)}"
+    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
+        out.append(b"c" + label.encode() + b";")  # a library's function: where it is defined
+        return
+    # A callable instance: its state, as any other value's.
+    out.append(b"i" + label.encode() + b";")
+    try:
+        raw = pickle.dumps(value, protocol=5)
+    except Exception:  # noqa: BLE001 - an unpicklable callable is keyed by its repr
+        raw = repr(value).encode()
+    out.append(b"%d:" % len(raw) + raw)
+
+
+def _encode_type(cls: type, out: list[bytes], seen: set[int]) -> None:
+    """A library's class by where it is defined; one the notebook defined also by what its
+    methods do (a class edited and run again keeps its name)."""
+    out.append(b"c" + f"{getattr(cls, '__module__', '?')}.{cls.__qualname__};".encode())
+    if id(cls) in seen or not is_notebook_code(cls):
+        return
+    seen.add(id(cls))
+    for name, item in sorted(vars(cls).items()):
+        if isinstance(item, (types.FunctionType, staticmethod, classmethod, property)) or isinstance(item, type):
+            out.append(b"a" + name.encode() + b"=")
+            _encode_part(getattr(item, "__func__", getattr(item, "fget", item)), out, seen)
+
+
+def _encode_part(value: Any, out: list[bytes], seen: set[int]) -> None:
+    if isinstance(value, type):
+        _encode_type(value, out, seen)
+    elif callable(value):
+        _encode_callable(value, out, seen)
+    elif isinstance(value, types.ModuleType):
+        out.append(b"M" + value.__name__.encode() + b";")
+    elif hasattr(value, "__dict__") and any(is_notebook_code(v) for v in list(vars(value).values())):
+        # A library object holding the notebook's code (a registered accessor).
+        out.append(b"h" + f"{type(value).__module__}.{type(value).__qualname__}".encode() + b";")
+        for name, item in sorted(vars(value).items()):
+            out.append(b"a" + name.encode() + b"=")
+            _encode_part(item, out, seen)
+    else:
+        out.append(canonical_bytes(value))
+
+
+def content_bytes(value: Any) -> bytes:
+    """`canonical_bytes`, with the notebook's own code inside `value` by what it does: for a
+    value a library holds (a patched attribute) rather than a setting's snapshot."""
+    out: list[bytes] = []
+    _encode_part(value, out, set())
+    return b"".join(out)
+
+
+def notebook_code_names(value: Any) -> set[str]:
+    """Globals the notebook's functions inside `value` (a setting's snapshot, a patched-in
+    value) read when a library calls them: a formatter reading ``P``. They run inside other
+    cells' code, so those names must be in the namespace whenever a cell runs."""
+    names: set[str] = set()
+    pending, seen = [value], set()
+    while pending:
+        item = pending.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if type(item) is dict:
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif type(item) in (list, tuple, set, frozenset):
+            pending.extend(item)
+        elif isinstance(item, functools.partial):
+            pending.extend((item.func, *item.args, *item.keywords.values()))
+        elif isinstance(item, types.MethodType):
+            pending.append(item.__func__)
+        elif isinstance(item, types.FunctionType) and is_notebook_code(item):
+            names.update(code_info(item.__code__).global_names)
+            pending.extend(c.cell_contents for c in item.__closure__ or () if _filled(c))
+        elif isinstance(item, type) and is_notebook_code(item):
+            pending.extend(vars(item).values())
+        elif isinstance(item, (staticmethod, classmethod)):
+            pending.append(item.__func__)
+        elif hasattr(item, "__dict__") and not isinstance(item, (type, types.ModuleType)):
+            held = [v for v in list(vars(item).values()) if is_notebook_code(v)]
+            pending.extend(held)
+    return names
+
+
+def _filled(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def _library_function(func: types.FunctionType) -> bool:
+    """A function of an installed library: where it is defined says what it does."""
+    module = sys.modules.get(func.__module__ or "")
+    return module is not None and module.__name__ != "__main__" and not is_local_module(module)
 
 
 def settings_digests(registry: Iterable[Setting] | None = None, *, tag: bytes = b"nbrewind.setting.v1|") -> dict[str, str] | None:
@@ -386,4 +528,5 @@ REGISTRY: list[Setting] = [
     Setting("logging.loggers", "logging", interpreter.loggers_get, interpreter.loggers_put),
     Setting("socket", "socket", interpreter.socket_get, interpreter.socket_put),
     Setting("locale", "locale", interpreter.locale_get, interpreter.locale_put),
+    Setting("IPython display", "IPython", interpreter.display_get, interpreter.display_put),
 ]

@@ -115,6 +115,8 @@ class Cells:
         parts.restorer.apply_pending()
         parts.outside.apply_pending()
         try:
+            if parts.outside.code_names:
+                parts.restorer.bring_back(parts.outside.code_names)
             parts.restorer.rebuild_pending(plan.reads, clients=may_need_client(plan, parts.state.entries, self._namespace()))
         except Exception as exc:
             self._channel.warn("could not bring back a value that cannot be stored (a Dask client, a lock...)", exc)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
 import types
 import uuid
@@ -16,14 +17,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from nbrewind.checkpoint.digests import digest_value
-from nbrewind.checkpoint.serialize import Unserializable
+from nbrewind.checkpoint.serialize import Unserializable, restoring_into
 from nbrewind.checkpoint.values import load_group, stage_group
 from nbrewind.checkpoint.world import listing_key, stat_key
 from nbrewind.identity import settings as settings_registry
 from nbrewind.identity.code import code_info
 from nbrewind.identity.imports import AfterImport, after_import
 from nbrewind.identity.modules import is_local_module, local_modules, module_source_path, source_digest
-from nbrewind.session import pseudo
+from nbrewind.session import patches, pseudo
 from nbrewind.session.pseudo import ABSENT, Pseudo
 from nbrewind.session.state import HIDDEN, Entry
 from nbrewind.store.objects import ObjectStore
@@ -36,8 +37,9 @@ IMPURE = pseudo.name(Pseudo.IMPURE)
 
 #: The pseudo-inputs this module computes the keys of.
 OWNED = frozenset(
-    {Pseudo.SETTING, Pseudo.SOURCE, Pseudo.MODULE_STATE, Pseudo.LISTING, Pseudo.STAT, Pseudo.KIND, Pseudo.IMPURE}
+    {Pseudo.SETTING, Pseudo.SOURCE, Pseudo.MODULE_STATE, Pseudo.LISTING, Pseudo.STAT, Pseudo.KIND, Pseudo.IMPURE, Pseudo.PATCHES}
 )
+PATCHES = pseudo.name(Pseudo.PATCHES)
 # Names through which code reads a global RNG's state without drawing from it
 # (`random.getstate()`, `np.random.get_state()`, the generators behind the module
 # functions). A draw changes the state and is seen without them; seeding and making
@@ -71,8 +73,10 @@ class Outside:
         rel: Callable[[str], str],
         absolute: Callable[[str], str],
         warn: Callable[[str, BaseException], None],
+        namespace: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.objects = objects
+        self._namespace = namespace
         self._warn = warn
         self.entries = entries
         self.rel = rel
@@ -82,6 +86,11 @@ class Outside:
         """Libraries not loaded yet whose pending settings wait for their first import, by top-level package."""
         self._unapplied: list[str] = []
         """Settings that could not be put back at an import: the next cell that runs is not replayable."""
+        self._patched: dict[tuple[int, str | None], tuple[Any, str | None]] = {}
+        self.code_names: set[str] = set()
+        """Globals read by the notebook's functions that settings or patched libraries hold
+        (a formatter): whenever a cell runs, they must be in the namespace."""
+        """Library attributes cells of this session patched (the objects held, so ids stay theirs)."""
         settings_registry.note_baselines()
 
     # -- keys -------------------------------------------------------------------------
@@ -90,6 +99,8 @@ class Outside:
         """The digest the pseudo-input `kind`/`arg` has now (compare with a recorded input)."""
         if kind is Pseudo.IMPURE:
             return ""  # never equal to a recorded reason: an impure cell always runs
+        if kind is Pseudo.PATCHES:
+            return self.patches_key() or ABSENT
         if kind is Pseudo.SETTING:
             return self.setting_keys([arg]).get(arg, ABSENT)
         if kind is Pseudo.SOURCE:
@@ -118,6 +129,22 @@ class Outside:
             out[name] = pending.key if pending is not None else live.get(name, ABSENT)
         return out
 
+    def note_patched(self, sites: Iterable[tuple[Any, str | None]]) -> None:
+        """Remember library attributes a cell patched: every later cell is keyed on them."""
+        for obj, attr in sites:
+            self._patched[(id(obj), attr)] = (obj, attr)
+            held = vars(obj) if attr is None else {attr: inspect.getattr_static(obj, attr, None)}
+            self.code_names |= settings_registry.notebook_code_names(list(held.values()))
+
+    def patches_key(self) -> str | None:
+        """What the patched library attributes hold now; None while no cell patched one."""
+        if not self._patched:
+            return None
+        try:
+            return patches.sites_key(self._patched.values())
+        except Exception:  # noqa: BLE001 - a patched value we cannot read: a key nothing matches
+            return f"unreadable|{uuid.uuid4().hex}"
+
     def _source_key(self, module_name: str) -> str:
         module = sys.modules.get(module_name)
         path = module_source_path(module) if module is not None else None
@@ -132,6 +159,9 @@ class Outside:
     def before(self) -> dict[str, str]:
         """Inputs every cell has: each setting, and each loaded local module's source and state."""
         inputs = {pseudo.name(Pseudo.SETTING, k): v for k, v in self.setting_keys().items()}
+        patched = self.patches_key()
+        if patched is not None:
+            inputs[PATCHES] = patched
         for name, module in local_modules().items():
             inputs[pseudo.name(Pseudo.SOURCE, name)] = self._source_key(name)
             inputs[pseudo.name(Pseudo.MODULE_STATE, name)] = module_state_key(module)
@@ -163,7 +193,12 @@ class Outside:
                     continue
                 staged.append(result)
                 written += result.new_bytes
-                changed[pseudo.name(Pseudo.SETTING, name)] = Entry(result.digest, HIDDEN, now[name], (), {"what": "setting", "setting": name})
+                extra: dict[str, Any] = {"what": "setting", "setting": name}
+                code_names = settings_registry.notebook_code_names(snapshots[name])
+                if code_names:
+                    extra["code_names"] = sorted(code_names)
+                    self.code_names |= code_names
+                changed[pseudo.name(Pseudo.SETTING, name)] = Entry(result.digest, HIDDEN, now[name], (), extra)
         for name, module in local_modules().items():
             source = pseudo.name(Pseudo.SOURCE, name)
             if source not in before:  # imported by this cell: it depended on the file it loaded
@@ -202,6 +237,7 @@ class Outside:
         """Restore a written entry of this module's kinds; False if `entry` is not one."""
         what = entry.extra.get("what")
         if what == "setting":
+            self.code_names.update(entry.extra.get("code_names", ()))
             if entry.extra["setting"] == SYS_PATH:
                 # Now: it imports nothing, and a local module a replayed import brings back
                 # (or that the next cell's key looks up) is found where the notebook put it.
@@ -219,7 +255,12 @@ class Outside:
         return False
 
     def _apply_setting(self, entry: Entry) -> None:
-        snapshot = load_group(self.objects, entry.digest)["snapshot"]
+        if self._namespace is not None:
+            # A formatter the notebook defined reads the notebook's globals, not a copy.
+            with restoring_into(self._namespace()):
+                snapshot = load_group(self.objects, entry.digest)["snapshot"]
+        else:
+            snapshot = load_group(self.objects, entry.digest)["snapshot"]
         settings_registry.apply_settings({entry.extra["setting"]: snapshot})
         self.pending_settings.pop(entry.extra["setting"], None)
 

@@ -108,7 +108,7 @@ class Parts:
         state = LiveState(store.objects, shell.user_ns)
         files = hidden.FileTracker(exclude=[str(store.root), *hidden.default_exclusions()])
         world = WorldTracker(files.excluded, lambda path: path in files.writes)
-        outside = Outside(store.objects, state.entries, paths.rel, paths.abs, notices.warn)
+        outside = Outside(store.objects, state.entries, paths.rel, paths.abs, notices.warn, namespace=lambda: shell.user_ns)
         keys = Keys(shell, mode=mode, state=state, outside=outside, rng=rng, paths=paths, catalog=store.catalog)
         recorder = Recorder(
             shell, mode=mode, session_id=session_id, state=state, objects=store.objects, files=files, world=world,

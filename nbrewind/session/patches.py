@@ -21,14 +21,17 @@ import ast
 import inspect
 import sys
 import types
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import xxhash
+
 from nbrewind.analysis import dotted_name
 from nbrewind.identity.modules import is_local_module
+from nbrewind.identity.settings import content_bytes
 
-__all__ = ["PatchWatch", "patched", "watch"]
+__all__ = ["PatchWatch", "patched", "sites_key", "watch"]
 
 _SETTERS = frozenset({"setattr", "delattr"})
 
@@ -47,6 +50,11 @@ class PatchWatch:
     """The classes `sizes` counted, held so their ids stay theirs while the cell runs."""
     imported: set[str] = field(default_factory=set)
     """Names the cell imports that were unbound before it ran (handing over only)."""
+    attributes: dict[str, set[str | None]] = field(default_factory=dict)
+    """Dotted name -> the attributes the cell stores on it (None: a name not written out)."""
+    sites: list[tuple[Any, str | None]] = field(default_factory=list)
+    """After `patched`: each library object the cell changed, and the attribute (None: any
+    attribute the notebook made)."""
 
 
 def _made_by_notebook(value: Any) -> bool:
@@ -58,11 +66,11 @@ def _made_by_notebook(value: Any) -> bool:
     return False
 
 
-def _stored_on(tree: ast.AST) -> tuple[set[str], bool, set[str]]:
-    """Dotted names of the objects the code stores attributes on, whether it hands
-    something it defines to a library (a decorator, or a call with a name it defines),
-    and the names its imports bind (one walk of the tree)."""
-    targets: set[str] = set()
+def _stored_on(tree: ast.AST) -> tuple[dict[str, set[str | None]], bool, set[str]]:
+    """Dotted names of the objects the code stores attributes on (with the attributes),
+    whether it hands something it defines to a library (a decorator, or a call with a
+    name it defines), and the names its imports bind (one walk of the tree)."""
+    targets: dict[str, set[str | None]] = {}
     decorated = False
     defined: set[str] = set()
     handed: set[str] = set()
@@ -77,12 +85,14 @@ def _stored_on(tree: ast.AST) -> tuple[set[str], bool, set[str]]:
                     if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, (ast.Store, ast.Del)):
                         name = dotted_name(sub.value)
                         if name is not None:
-                            targets.add(name)
+                            targets.setdefault(name, set()).add(sub.attr)
         elif isinstance(node, ast.Call):
             if isinstance(node.func, ast.Name) and node.func.id in _SETTERS and node.args:
                 name = dotted_name(node.args[0])
                 if name is not None:
-                    targets.add(name)
+                    attr = node.args[1] if len(node.args) > 1 else None
+                    spelled = attr.value if isinstance(attr, ast.Constant) and isinstance(attr.value, str) else None
+                    targets.setdefault(name, set()).add(spelled)
             elif isinstance(node.func, ast.Attribute):
                 handed.update(a.id for a in node.args if isinstance(a, ast.Name))
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -149,7 +159,7 @@ def watch(code: str, namespace: Mapping[str, Any], reads: set[str]) -> PatchWatc
     targets, hands_over, imported = _stored_on(tree)
     if not targets and not hands_over:
         return None
-    seen = PatchWatch()
+    seen = PatchWatch(attributes=targets)
     for dotted in sorted(targets):
         obj = _resolve(dotted, namespace)
         if obj is None:
@@ -174,18 +184,28 @@ def patched(seen: PatchWatch | None, namespace: Mapping[str, Any]) -> list[str]:
     if seen is None:
         return []
     out = []
+    sites = seen.sites
+    sites.clear()
     for dotted, (was_id, was) in seen.bindings.items():
         obj = _resolve(dotted, namespace)
-        if obj is None or id(obj) != was_id or _binding(obj)[1] != was:
-            out.append(_named(obj) if obj is not None else dotted)
+        if obj is None:
+            out.append(dotted)
+            continue
+        now = _binding(obj)[1]
+        if id(obj) != was_id or now != was:
+            out.append(_named(obj))
+            moved = {k for k in {*was, *now} if was.get(k) != now.get(k)} if id(obj) == was_id else seen.attributes[dotted]
+            sites.extend((obj, attr) for attr in sorted(moved, key=str))
     for dotted in sorted(seen.unresolved):
         obj = _resolve(dotted, namespace)
         if obj is not None and _library(obj):
             out.append(_named(obj))
+            sites.extend((obj, attr) for attr in sorted(seen.attributes.get(dotted, {None}), key=str))
     for value in seen.keep:
         name, size = seen.sizes[id(value)]
         if _size(value) != size:
             out.append(name)
+            sites.append((value, None))
     for imported in seen.imported:
         # Imported by the cell itself: nothing to compare with, so look for what the
         # notebook made inside the module's classes.
@@ -194,4 +214,25 @@ def patched(seen: PatchWatch | None, namespace: Mapping[str, Any]) -> list[str]:
             for value in list(vars(module).values()):
                 if isinstance(value, type) and _library(value) and any(_made_by_notebook(v) for v in list(vars(value).values())):
                     out.append(_named(value))
+                    sites.append((value, None))
     return [f"patches {name}, which a replay cannot do again" for name in sorted(set(out))]
+
+
+_ABSENT = object()
+
+
+def sites_key(sites: Iterable[tuple[Any, str | None]]) -> str:
+    """Digest of what the patched `sites` hold now: every later cell's input once a cell
+    patched a library. A patching cell always runs, so an edit of it (or of a value it
+    patches in) changes this, and a later cell reading the library runs instead of
+    replaying what the old patch printed."""
+    parts = []
+    for obj, attr in sites:
+        if attr is not None:
+            value = inspect.getattr_static(obj, attr, _ABSENT)
+            held = b"-" if value is _ABSENT else content_bytes(value)
+        else:
+            made = {k: v for k, v in list(vars(obj).items()) if _made_by_notebook(v)}
+            held = b"".join(k.encode() + b"=" + content_bytes(v) for k, v in sorted(made.items()))
+        parts.append(f"{_named(obj)}|{attr}|".encode() + held)
+    return xxhash.xxh3_128_hexdigest(b"nbrewind.patches.v1|" + b"\0".join(sorted(parts)))

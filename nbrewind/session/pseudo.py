@@ -21,6 +21,7 @@ a format: never change a prefix.
 | ``STAT`` | a path | what a stat could tell | |
 | ``KIND`` | a path | what an existence check could tell | |
 | ``IMPURE`` | | why the cell can never be replayed (never matches) | |
+| ``PATCHES`` | | what the library attributes cells patched hold | |
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Pseudo(enum.Enum):
     STAT = "@stat:"
     KIND = "@kind:"
     IMPURE = "@impure"
+    PATCHES = "@patches"
 
     @property
     def takes_argument(self) -> bool:

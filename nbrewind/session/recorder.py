@@ -146,6 +146,8 @@ class Recorder:
         self._add_rngs(plan, draft)
         self._written.add(plan, draft)
         outside.note_impure(draft.inputs, patches.patched(plan.patch_watch, self._shell.user_ns))
+        if plan.patch_watch is not None and plan.patch_watch.sites:
+            self._outside.note_patched(plan.patch_watch.sites)
         self._pin_unrestorable_updates(plan, draft)
         self._add_env_and_cwd(plan, draft)
         self._state.entries.update({k: v for k, v in draft.changed.items() if pseudo.is_pseudo(k)})

@@ -110,6 +110,14 @@ class Restorer:
             if (name in wanted or (clients and kind.startswith("distributed.") and kind.endswith("Client"))) and ns.is_pending(name):
                 ns.materialize(name)
 
+    def bring_back(self, names: Iterable[str]) -> None:
+        """Load the pending values among `names` now (globals a library will call code with)."""
+        ns = self._shell.user_ns
+        if isinstance(ns, LazyNamespace):
+            for name in names:
+                if ns.is_pending(name):
+                    ns.materialize(name)
+
     def defer(self, step: Deferred) -> None:
         """A replayed cell made or used a pending resource: see `Rebuilder.defer`."""
         self._rebuilder.defer(step)

@@ -17,6 +17,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -213,3 +214,47 @@ def test_a_file_backed_memmap_is_a_live_resource(tmp_path: Path) -> None:
         assert isinstance(pickle_value({"m": mapped}), Unserializable)
     finally:
         del mapped
+
+
+def test_functions_in_a_setting_are_keyed_by_what_they_do() -> None:
+    """A formatter's name says nothing: every lambda is ``__main__.<lambda>`` and both of
+    these are ``str.format``. Code, bound object, partial arguments and the globals the
+    code reads all count; a library's function counts by where it is defined."""
+    from nbrewind.identity.settings import canonical_bytes
+
+    ns: dict[str, Any] = {"__name__": "__main__", "P": 2}
+    exec("f2 = lambda v: f'{v:.2f}'\nf4 = lambda v: f'{v:.4f}'\ng = lambda v: f'{v:.{P}f}'", ns)
+    assert canonical_bytes(ns["f2"]) != canonical_bytes(ns["f4"])
+    assert canonical_bytes("{:.2f}".format) != canonical_bytes("{:.4f}".format)
+    assert canonical_bytes(functools.partial(round, ndigits=1)) != canonical_bytes(functools.partial(round, ndigits=2))
+    before = canonical_bytes(ns["g"])
+    ns["P"] = 3
+    assert canonical_bytes(ns["g"]) != before
+    exec("again = lambda v: f'{v:.2f}'", ns)
+    assert canonical_bytes(ns["again"]) == canonical_bytes(ns["f2"])
+    assert canonical_bytes(len) == canonical_bytes(len)
+
+
+def test_ipython_display_configuration_round_trips() -> None:
+    """``ast_node_interactivity``, ``%precision`` and a printer registered for a type are
+    state a later cell's output depends on; put back, they are as the notebook left them."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    was = InteractiveShell._instance
+    shell = InteractiveShell()
+    InteractiveShell._instance = shell
+    try:
+        assert interpreter.display_get() == {}
+        plain = shell.display_formatter.formatters["text/plain"]
+        shell.ast_node_interactivity = "all"
+        plain.float_precision = "%.2f"
+        printer = plain.for_type(complex, lambda o, p, c: p.text("C"))
+        changed = interpreter.display_get()
+        assert changed["interactivity"] == "all" and changed["text/plain"]["float_precision"] == "%.2f"
+        snapshot = pickle.loads(pickle.dumps({k: v for k, v in changed.items() if k != "text/plain"}))
+        interpreter.display_put({})
+        assert interpreter.display_get() == {} and complex not in plain.type_printers and printer is None
+        interpreter.display_put(snapshot)
+        assert shell.ast_node_interactivity == "all" and plain.float_precision == ""
+    finally:
+        InteractiveShell._instance = was

@@ -147,9 +147,13 @@ def _shell(namespace: dict[str, Any]) -> Iterator[RecordingShell]:
     """A new recording shell over `namespace`, torn down (atexit hook, sys state) afterwards."""
     shell = RecordingShell(config=_CONFIG, user_ns=namespace, displayhook_class=RecordingDisplayHook)
     shell.sink = _Sink()
+    # As in a kernel, `IPython.get_ipython()` is the shell running the cells.
+    was = InteractiveShell._instance
+    InteractiveShell._instance = shell
     try:
         yield shell
     finally:
+        InteractiveShell._instance = was
         atexit.unregister(shell.atexit_operations)
         shell.restore_sys_module_state()
 

@@ -502,6 +502,103 @@ def _task_reads_patterns() -> list[Pattern]:
     return out
 
 
+# A library patched by a cell (always run), the patch changed: the cells after it, keyed
+# on their own reads only, replayed what the old patch printed. Each: (name, the patch
+# as audited, as edited or made by an edited cell, the cells around it, the reader).
+_PATCHES: list[tuple[str, list[str], dict[int, str], str]] = [
+    ("module_attribute", ["import math\nmath.tau = 6"], {0: "import math\nmath.tau = 7"}, "print(math.tau)"),
+    ("module_attribute_removed", ["import math\nmath.nb_flag = 1"], {0: "import math"}, "print(getattr(math, 'nb_flag', None))"),
+    ("class_method_lambda", ["import collections\ncollections.Counter.total2 = lambda self: sum(self.values())"],
+     {0: "import collections\ncollections.Counter.total2 = lambda self: len(self)"}, "print(collections.Counter('aab').total2())"),
+    ("setattr_from_an_earlier_value", ["k = 6", "import math\nsetattr(math, 'tau', k)"], {0: "k = 7"}, "print(math.tau)"),
+    ("builtins_name", ["import builtins\nbuiltins.SCALE = 1"], {0: "import builtins\nbuiltins.SCALE = 2"}, "print(SCALE)"),
+    ("argv_for_argparse", ["import sys\nsys.argv = ['prog', '--n', '3']"], {0: "import sys\nsys.argv = ['prog', '--n', '4']"},
+     "import argparse\nparser = argparse.ArgumentParser()\nparser.add_argument('--n', type=int)\nprint(parser.parse_args().n)"),
+    ("method_defined_in_another_cell", ["def twice(self):\n    return self * 2", "import fractions\nfractions.Fraction.twice = twice"],
+     {0: "def twice(self):\n    return self * 3"}, "print(fractions.Fraction(1, 3).twice())"),
+    ("library_function_replaced", ["import statistics\nstatistics.mean = lambda xs: 'v1'"],
+     {0: "import statistics\nstatistics.mean = lambda xs: 'v2'"}, "import statistics\nprint(statistics.mean([1, 2]))"),
+    ("accessor_body", ["import pandas as pd\n@pd.api.extensions.register_series_accessor('nb')\nclass Nb:\n    def __init__(self, s):\n"
+     "        self._s = s\n    def top(self):\n        return float(self._s.max())"],
+     {0: "import pandas as pd\n@pd.api.extensions.register_series_accessor('nb')\nclass Nb:\n    def __init__(self, s):\n"
+      "        self._s = s\n    def top(self):\n        return float(self._s.min())"}, "print(pd.Series([1.0, 3.0]).nb.top())"),
+]
+
+
+def _library_patch_patterns() -> list[Pattern]:
+    """A patch edited (or the value it patches in), read by a later cell; and one patch kept,
+    where the cell between replays (the patched state is keyed alike in both kernels).
+    Kernel tier: in process, every run shares the patched library."""
+    out = [
+        pattern(
+            f"library_patch_{name}_edited",
+            "a cell patching a library always runs, and ran with the edit; the later cell reading the library was keyed "
+            "on its own reads only and replayed what the old patch printed",
+            [*cells, reader], edit=edit, inprocess=False,
+            replays=(),
+        )
+        for name, cells, edit, reader in _PATCHES
+    ]
+    out.append(pattern(
+        "library_patch_kept_reader_between_replays",
+        "the patch unchanged: the reader between it and the edited last cell replays (same patched state in both kernels)",
+        ["def twice(self):\n    return self * 2", "import fractions\nfractions.Fraction.twice = twice",
+         "print(fractions.Fraction(1, 3).twice())", "print('end')"],
+        edit={3: "print('end', fractions.Fraction(1, 5).twice())"}, inprocess=False, replays=(0, 2),
+    ))
+    return out
+
+
+# Settings holding the notebook's functions, and IPython's display: a formatter edited, a
+# later cell replayed what the old one printed (keyed by the function's name alone, or
+# not at all). Each: (name, the setting cell as audited, as edited, the reader).
+_SETTING_CODE: list[tuple[str, str, str, str]] = [
+    ("pandas_float_format_lambda", "import pandas as pd\npd.options.display.float_format = lambda v: f'{v:.2f}'",
+     "import pandas as pd\npd.options.display.float_format = lambda v: f'{v:.4f}'", "print(pd.DataFrame({'a': [1.23456]}))"),
+    ("pandas_float_format_str_format", "import pandas as pd\npd.set_option('display.float_format', '{:.2f}'.format)",
+     "import pandas as pd\npd.set_option('display.float_format', '{:.3f}'.format)", "print(pd.DataFrame({'a': [1.23456]}))"),
+    ("pandas_float_format_function", "import pandas as pd\ndef fmt(v):\n    return f'{v:.2f}'\npd.set_option('display.float_format', fmt)",
+     "import pandas as pd\ndef fmt(v):\n    return f'{v:.3f}'\npd.set_option('display.float_format', fmt)", "print(pd.DataFrame({'a': [1.23456]}))"),
+    ("pandas_float_format_reads_a_global", "import pandas as pd\nP = 2\npd.set_option('display.float_format', lambda v: f'{v:.{P}f}')",
+     "import pandas as pd\nP = 3\npd.set_option('display.float_format', lambda v: f'{v:.{P}f}')", "print(pd.DataFrame({'a': [1.23456]}))"),
+    ("pandas_float_format_partial", "import functools, pandas as pd\npd.set_option('display.float_format', functools.partial(round, ndigits=1))",
+     "import functools, pandas as pd\npd.set_option('display.float_format', functools.partial(round, ndigits=3))", "print(pd.DataFrame({'a': [1.23456]}))"),
+    ("numpy_print_formatter", "import numpy as np\nnp.set_printoptions(formatter={'float': lambda v: f'{v:.1f}'})",
+     "import numpy as np\nnp.set_printoptions(formatter={'float': lambda v: f'{v:.3f}'})", "import numpy as np\nprint(np.array([1.23456]))"),
+    ("dask_config_function", "import dask\n_ = dask.config.set({'nb.fn': lambda: 1})", "import dask\n_ = dask.config.set({'nb.fn': lambda: 2})",
+     "import dask\nprint(dask.config.get('nb.fn')())"),
+    ("ipython_interactivity", "get_ipython().ast_node_interactivity = 'all'", "get_ipython().ast_node_interactivity = 'last_expr'", "1 + 1\n2 + 2"),
+    ("ipython_printer_for_type", "get_ipython().display_formatter.formatters['text/plain'].for_type(float, lambda o, p, c: p.text('F%.1f' % o))",
+     "get_ipython().display_formatter.formatters['text/plain'].for_type(float, lambda o, p, c: p.text('G%.1f' % o))", "2.5"),
+    ("ipython_precision_magic", "%precision 2", "%precision 4", "3.14159265"),
+    ("ipython_pprint_magic", "%pprint", "pass", "list(range(40))"),
+]
+
+
+def _setting_code_patterns() -> list[Pattern]:
+    """Each setting edited (the reader runs), and kept with the reader edited (the setting
+    cell replays, or runs where it must, and the reader sees it as set)."""
+    out = []
+    for name, before, after, reader in _SETTING_CODE:
+        out.append(pattern(
+            f"setting_{name}_edited",
+            "a setting holding the notebook's code (or IPython's display) edited: the reader replayed what the old one printed",
+            [before, reader], edit={0: after},
+        ))
+        out.append(pattern(
+            f"setting_{name}_kept",
+            "the setting kept, the reader edited: the setting is put back as it was",
+            [before, reader, "print('end')"], edit={2: "print('end')\n" + reader.rsplit("\n", 1)[-1]},
+            replays=() if "get_ipython" in before or before.startswith("%") else None,
+        ))
+    out.append(pattern(
+        "dir_without_arguments_after_a_del_edited",
+        "dir() lists the notebook's names: `del x` edited away, and the cell printing 'x' in dir() replayed False",
+        ["x = 1", "del x", "print('x' in dir())"], edit={1: "pass"},
+    ))
+    return out
+
+
 def _patterns() -> list[Pattern]:
     """Every pattern, made on first use (see `__getattr__`)."""
     return [
@@ -1509,6 +1606,8 @@ def _patterns() -> list[Pattern]:
     *_logger_patterns(),
     *_own_code_in_tasks_patterns(),
     *_task_reads_patterns(),
+    *_library_patch_patterns(),
+    *_setting_code_patterns(),
 ]
 
 @functools.lru_cache(maxsize=1)
@@ -1572,6 +1671,7 @@ KERNEL_PATTERNS: list[str] = [
     "pandas_accessor_registered_by_a_replayed_cell",
     "collector_timeout_and_locale_set_by_a_replayed_cell",
 ]
+KERNEL_PATTERNS += [f"library_patch_{name}_edited" for name, *_ in _PATCHES] + ["library_patch_kept_reader_between_replays"]
 
 
 # ---------------------------------------------------------------------------

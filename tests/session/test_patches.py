@@ -87,3 +87,37 @@ def test_a_pandas_accessor_registered_by_a_decorator() -> None:
         ]
     finally:
         del pd.Index.nbr_test_acc
+
+
+def sites(code: str, namespace: dict[str, Any]) -> list[tuple[Any, str | None]]:
+    """Run `code` as a cell and return the library attributes it patched."""
+    code = textwrap.dedent(code)
+    namespace.setdefault("__name__", "__main__")
+    seen = patches.watch(code, namespace, {name for name in namespace if name in code})
+    exec(compile(code, "<cell>", "exec"), namespace)
+    patches.patched(seen, namespace)
+    return [] if seen is None else list(seen.sites)
+
+
+def test_the_attributes_a_patch_changed_are_its_sites(lib: types.ModuleType) -> None:
+    assert sites("fl.VALUE = 2\nfl.NEW = 3", {"fl": lib}) == [(lib, "NEW"), (lib, "VALUE")]
+    assert sites("setattr(fl.Thing, 'size', 4)", {"fl": lib}) == [(lib.Thing, "size")]
+    assert sites("import nbr_fakelib as fl\nfl.OTHER = 1", {}) == [(lib, "OTHER")]
+    assert sites("obj.a = 2", {"obj": types.SimpleNamespace(a=1)}) == []
+
+
+def test_the_patched_state_is_keyed_by_content(lib: types.ModuleType) -> None:
+    """Equal patches key alike (a lambda by its code, not its id); another value, another
+    body, or the patch gone changes the key: the cells after it cannot replay."""
+    ns: dict[str, Any] = {"fl": lib}
+    where = sites("fl.Thing.twice = lambda self: 2", ns)
+    first = patches.sites_key(where)
+    sites("fl.Thing.twice = lambda self: 2", ns)
+    assert patches.sites_key(where) == first
+    sites("fl.Thing.twice = lambda self: 3", ns)
+    assert patches.sites_key(where) != first
+    k = 6
+    sites(f"fl.Thing.twice = {k}", ns)
+    six = patches.sites_key(where)
+    sites("del fl.Thing.twice", ns)
+    assert patches.sites_key(where) not in (six, first)
