@@ -20,6 +20,7 @@ one); outside a recording task it returns at once.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import threading
@@ -70,6 +71,8 @@ def _hook(event: str, args: tuple[Any, ...]) -> None:
         else:
             reads.files[where] = None
     elif event in ("os.listdir", "os.scandir"):
+        if sys._getframe(1).f_code.co_filename.startswith("<frozen importlib"):
+            return  # the import system filling its cache of a sys.path folder: which module an import finds is read as its file
         where = _absolute(args[0] if args and args[0] is not None else ".")
         if where is not None and not where.startswith(reads.skip):
             reads.dirs[where] = None
@@ -127,13 +130,33 @@ def _digest_reads(reads: _Reads) -> dict[str, dict[str, str]] | None:
     here = os.path.join(os.getcwd(), "")
     files: dict[str, str] = {}
     for path in reads.files:
+        path = _source_of(path)
         if path in reads.written or os.path.isdir(path) or library_kind(path) is not None:
             continue
         files[_portable(path, here)] = _file_key(path)
-    dirs = {_portable(path, here): listing_digest(path) for path in reads.dirs if library_kind(os.path.join(path, "")) is None}
+    dirs = {
+        _portable(path, here): listing_digest(path)
+        for path in reads.dirs
+        if library_kind(os.path.join(path, "")) is None and os.path.basename(path) != "__pycache__"
+    }
     if not files and not dirs:
         return None
     return {"files": files, "dirs": dirs}
+
+
+def _source_of(path: str) -> str:
+    """The ``.py`` an import compiled ``__pycache__/m.cpython-311.pyc`` from, for that read.
+
+    The cache file says nothing a task can rely on: it is rewritten only when the module is
+    next imported, after the check that would have to see the edit, and another folder or
+    machine has its own (or none). A ``.pyc`` without its source stays itself."""
+    if not path.endswith(".pyc") or os.path.basename(os.path.dirname(path)) != "__pycache__":
+        return path
+    try:
+        source = importlib.util.source_from_cache(path)
+    except (ValueError, NotImplementedError):
+        return path
+    return source if os.path.exists(source) else path
 
 
 def _portable(path: str, here: str) -> str:
