@@ -57,7 +57,9 @@ def reduce_notebook_function(func: types.FunctionType, for_digest: bool) -> Any:
         state["name"], state["qualname"] = _fresh(func.__name__), _fresh(func.__qualname__)
         code = func.__code__
         return (_no_restore, (code_digest(code), line_digest(code), len(cells)), state, None, None, None)
-    return (_function_skeleton, (func.__code__, func.__name__, len(cells)), state, None, None, _set_function_state)
+    # The code's file goes apart: cloudpickle writes every code object's as "<dynamic-code>".
+    args = (func.__code__, func.__name__, len(cells), func.__code__.co_filename)
+    return (_function_skeleton, args, state, None, None, _set_function_state)
 
 
 def _fresh(name: str) -> str:
@@ -78,7 +80,36 @@ def _cell_value(cell: types.CellType) -> Any:
         return _EmptyCell
 
 
-def _function_skeleton(code: types.CodeType, name: str, ncells: int) -> types.FunctionType:
+_CELL_FILES: dict[str, str] = {}
+"""A cell's name-independent key (`_cell_key`) -> the file name this kernel gave that cell."""
+
+
+def note_cell_file(filename: str) -> None:
+    """This kernel knows a cell under `filename` (it ran or replayed it; its source is in
+    linecache): notebook functions restored from that cell get it as their code's file,
+    so a traceback through them shows "Cell In[n]" and the source lines, as a fresh run's."""
+    _CELL_FILES[_cell_key(filename)] = filename
+
+
+def _cell_key(filename: str) -> str:
+    # ipykernel names a cell /tmp/ipykernel_<pid>/<hash of the source>.py; a plain IPython
+    # shell <ipython-input-<count>-<hash>>. The hash names the cell in any process.
+    base = filename.rsplit("/", 1)[-1]
+    if base.startswith("<ipython-input-") and base.endswith(">"):
+        return base[:-1].rsplit("-", 1)[-1]
+    return base
+
+
+def _relocated(code: types.CodeType, filename: str) -> types.CodeType:
+    if code.co_filename == filename:
+        return code
+    consts = tuple(_relocated(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
+def _function_skeleton(code: types.CodeType, name: str, ncells: int, filename: str | None = None) -> types.FunctionType:
+    if filename:
+        code = _relocated(code, _CELL_FILES.get(_cell_key(filename), filename))
     target = _target_globals.get()
     if target is None:
         import builtins

@@ -105,7 +105,7 @@ class Replayer:
         for message in outputs:
             m = for_replay(message, count)
             self._emit(m.msg_type, m.content, m.metadata, m.buffers)
-        self._restorer.advance_history(plan.code, count)
+        self._restorer.advance_history(plan.code, count, plan.transformed)
         duration = time.perf_counter() - started
         last = LastCell(count, "replayed", plan.reason, duration, 0, 0.0)
         rng = self._rng

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbrewind.checkpoint import hidden, randomness
+from nbrewind.checkpoint.functions import note_cell_file
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.values import load_group
 from nbrewind.session.keys import user_names
@@ -150,10 +151,14 @@ class Restorer:
                     f"written back ({type(exc).__name__}: {exc}); a cell that reads it may not do what a fresh run does"
                 )
 
-    def advance_history(self, code: str, count: int) -> None:
+    def advance_history(self, code: str, count: int, transformed: str | None = None) -> None:
+        """A replayed cell is in the kernel's history, and in its cache of cell sources as a run
+        cell is (functions it defined show its lines in tracebacks: `note_cell_file`)."""
         shell = self._shell
         with contextlib.suppress(Exception):
             shell.history_manager.store_inputs(count, code, code)
+        with contextlib.suppress(Exception):
+            note_cell_file(shell.compile.cache(transformed if transformed is not None else code, count, raw_code=code))
         shell.execution_count = count + 1
 
     def apply(self, entries: Mapping[str, Entry], writes: list[str], deletes: list[str]) -> None:

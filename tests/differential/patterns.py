@@ -525,6 +525,32 @@ _PATCHES: list[tuple[str, list[str], dict[int, str], str]] = [
 ]
 
 
+def _replayed_code_patterns() -> list[Pattern]:
+    """A function (a method, a lambda, a comprehension inside one) defined by a replayed cell
+    raises or warns in a cell that runs: its code came back from the store with cloudpickle's
+    "<dynamic-code>" as its file, so the traceback showed no cell and no source lines, and the
+    warning no line. Kernel tier: the cell file names are ipykernel's."""
+    defined = {
+        "function": ("def f(x):\n    if x > 1:\n        raise ValueError('big')\n    return x", "f({})"),
+        "method": ("class C:\n    def f(self, x):\n        if x > 1:\n            raise ValueError('big')\n        return x", "C().f({})"),
+        "lambda": ("f = lambda x: [1][x]", "f({})"),
+        "comprehension": ("def f(x):\n    return [1 / (x - i) for i in range(3)]", "f({})"),
+    }
+    out = []
+    for name, (code, call) in defined.items():
+        out.append(pattern(
+            f"replayed_{name}_raises_in_a_cell_that_runs",
+            f"a {name} defined by a replayed cell raised in the edited cell: the traceback showed <dynamic-code> without source",
+            [code, call.format(0)], edit={1: call.format(0) + "\n" + call.format(2)}, inprocess=False,
+        ))
+    out.append(pattern(
+        "replayed_function_warns_in_a_cell_that_runs",
+        "a function defined by a replayed cell warned in the edited cell: the warning named <dynamic-code>, without its line",
+        ["import warnings\ndef f():\n    warnings.warn('careful')\n    return 1", "print('a')"], edit={1: "print('a', f())"}, inprocess=False,
+    ))
+    return out
+
+
 def _library_patch_patterns() -> list[Pattern]:
     """A patch edited (or the value it patches in), read by a later cell; and one patch kept,
     where the cell between replays (the patched state is keyed alike in both kernels).
@@ -1607,6 +1633,7 @@ def _patterns() -> list[Pattern]:
     *_own_code_in_tasks_patterns(),
     *_task_reads_patterns(),
     *_library_patch_patterns(),
+    *_replayed_code_patterns(),
     *_setting_code_patterns(),
 ]
 
@@ -1672,6 +1699,8 @@ KERNEL_PATTERNS: list[str] = [
     "collector_timeout_and_locale_set_by_a_replayed_cell",
 ]
 KERNEL_PATTERNS += [f"library_patch_{name}_edited" for name, *_ in _PATCHES] + ["library_patch_kept_reader_between_replays"]
+KERNEL_PATTERNS += [f"replayed_{n}_raises_in_a_cell_that_runs" for n in ("function", "method", "lambda", "comprehension")]
+KERNEL_PATTERNS += ["replayed_function_warns_in_a_cell_that_runs"]
 
 
 # ---------------------------------------------------------------------------

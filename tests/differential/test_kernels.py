@@ -66,7 +66,8 @@ def _write(path: Path, cells: list[str]) -> Path:
 def _normal_output(output: dict[str, Any]) -> tuple[Any, ...]:
     kind = output["output_type"]
     if kind == "stream":
-        return ("stream", output["name"], output["text"])
+        # A warning names the file of the cell that warned, which holds the kernel's pid.
+        return ("stream", output["name"], _CELL_FILE.sub("<cell>", output["text"]))
     if kind == "execute_result":
         return ("execute_result", output.get("execution_count"), dict(output["data"]))
     if kind == "display_data":
