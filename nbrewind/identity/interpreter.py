@@ -453,6 +453,7 @@ def _display_now(shell: Any) -> dict[str, Any]:
     now: dict[str, Any] = {
         "interactivity": shell.ast_node_interactivity,
         "active_types": list(formatters.active_types),
+        "xmode": getattr(shell.InteractiveTB, "mode", None),
     }
     for mime, formatter in sorted(formatters.formatters.items()):
         entry: dict[str, Any] = {"enabled": formatter.enabled}
@@ -476,7 +477,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def display_get() -> dict[str, Any]:
     """IPython's display configuration where the notebook changed it: which expressions show
-    (``ast_node_interactivity``), ``%precision``, ``%pprint``, the printers a cell
+    (``ast_node_interactivity``), how tracebacks look (``%xmode``), ``%precision``, ``%pprint``, the printers a cell
     registered with ``for_type`` and which formatters are on. Empty outside IPython."""
     shell = _shell()
     if shell is None:
@@ -506,6 +507,8 @@ def display_put(snapshot: dict[str, Any]) -> None:
     wanted.update({k: v for k, v in snapshot.items() if k not in wanted})
     if shell.ast_node_interactivity != wanted["interactivity"]:
         shell.ast_node_interactivity = wanted["interactivity"]
+    if wanted.get("xmode") is not None and shell.InteractiveTB.mode != wanted["xmode"]:
+        shell.InteractiveTB.set_mode(wanted["xmode"])
     if list(shell.display_formatter.active_types) != wanted["active_types"]:
         shell.display_formatter.active_types = list(wanted["active_types"])
     for mime, formatter in shell.display_formatter.formatters.items():

@@ -618,6 +618,12 @@ def _setting_code_patterns() -> list[Pattern]:
             replays=() if "get_ipython" in before or before.startswith("%") else None,
         ))
     out.append(pattern(
+        "ipython_xmode_edited_on_a_kernel",
+        "%xmode Plain edited to Minimal: a later failing cell replayed its Plain traceback (kernel tier: in process "
+        "only the exception is recorded)",
+        ["%xmode Plain", "def fail():\n    raise ValueError('x')\nfail()"], edit={0: "%xmode Minimal"}, inprocess=False,
+    ))
+    out.append(pattern(
         "dir_without_arguments_after_a_del_edited",
         "dir() lists the notebook's names: `del x` edited away, and the cell printing 'x' in dir() replayed False",
         ["x = 1", "del x", "print('x' in dir())"], edit={1: "pass"},
@@ -1700,7 +1706,7 @@ KERNEL_PATTERNS: list[str] = [
 ]
 KERNEL_PATTERNS += [f"library_patch_{name}_edited" for name, *_ in _PATCHES] + ["library_patch_kept_reader_between_replays"]
 KERNEL_PATTERNS += [f"replayed_{n}_raises_in_a_cell_that_runs" for n in ("function", "method", "lambda", "comprehension")]
-KERNEL_PATTERNS += ["replayed_function_warns_in_a_cell_that_runs"]
+KERNEL_PATTERNS += ["replayed_function_warns_in_a_cell_that_runs", "ipython_xmode_edited_on_a_kernel"]
 
 
 # ---------------------------------------------------------------------------
