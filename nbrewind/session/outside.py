@@ -7,6 +7,7 @@ The pseudo-inputs it computes are in `OWNED`; their names are built and parsed b
 
 from __future__ import annotations
 
+import abc
 import importlib
 import importlib.util
 import inspect
@@ -87,6 +88,7 @@ class Outside:
         self._unapplied: list[str] = []
         """Settings that could not be put back at an import: the next cell that runs is not replayable."""
         self._patched: dict[tuple[int, str | None], tuple[Any, str | None]] = {}
+        self._caches_before: dict[str, Any] = {}
         self.code_names: set[str] = set()
         """Globals read by the notebook's functions that settings or patched libraries hold
         (a formatter): whenever a cell runs, they must be in the namespace."""
@@ -162,9 +164,11 @@ class Outside:
         patched = self.patches_key()
         if patched is not None:
             inputs[PATCHES] = patched
-        for name, module in local_modules().items():
+        modules = local_modules()
+        for name, module in modules.items():
             inputs[pseudo.name(Pseudo.SOURCE, name)] = self._source_key(name)
             inputs[pseudo.name(Pseudo.MODULE_STATE, name)] = module_state_key(module)
+        self._caches_before = cache_infos(modules) if modules else {}
         return inputs
 
     # -- after a cell ran -----------------------------------------------------------------
@@ -177,6 +181,11 @@ class Outside:
         written = 0
         impure: list[str] = list(self._unapplied)
         self._unapplied.clear()
+        modules = local_modules()
+        for label, info in (cache_infos(modules) if modules else {}).items():
+            was = self._caches_before.get(label)
+            if (was.hits, was.misses) != (info.hits, info.misses) if was is not None else (info.hits or info.misses):
+                impure.append(f"uses the cache of {label}, which a replay cannot fill")
         now = self.setting_keys()
         # A pending setting (restored by `%nbrewind restore` in this cell, not applied yet)
         # is already an entry: only live changes are this cell's.
@@ -199,7 +208,7 @@ class Outside:
                     extra["code_names"] = sorted(code_names)
                     self.code_names |= code_names
                 changed[pseudo.name(Pseudo.SETTING, name)] = Entry(result.digest, HIDDEN, now[name], (), extra)
-        for name, module in local_modules().items():
+        for name, module in modules.items():
             source = pseudo.name(Pseudo.SOURCE, name)
             if source not in before:  # imported by this cell: it depended on the file it loaded
                 inputs[source] = self._source_key(name)
@@ -250,7 +259,7 @@ class Outside:
             return True
         if what == "mstate":
             module = importlib.import_module(entry.extra["module"])
-            module.__dict__.update(load_group(self.objects, entry.digest))
+            put_module_data(module, load_group(self.objects, entry.digest))
             return True
         return False
 
@@ -312,15 +321,117 @@ def _library(entry: Entry) -> str:
 
 
 def module_data(module: types.ModuleType) -> dict[str, Any]:
-    """A local module's data: its attributes other than dunders, modules, and the
-    functions and classes it defines (those are its source, keyed by `@src:`)."""
-    out = {}
+    """A local module's data: its attributes other than dunders and modules, and the state
+    its own functions and classes hold (their code is its source, keyed by `@src:`): a
+    class attribute (``Registry.items``), a function's defaults (``def add(x, acc=[])``),
+    attributes (``f.calls``) and closure. Those sit under ``@``-names (`put_module_data`)."""
+    out: dict[str, Any] = {}
     for key, value in vars(module).items():
         if key.startswith("__") or isinstance(value, types.ModuleType) or type(value).__module__ == "__future__":
             continue  # `from __future__ import annotations` binds a compiler flag, not data
         if isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) == module.__name__:
+            _code_state(key, value, out, module.__name__)
             continue
         out[key] = value
+    return out
+
+
+# Entries of a class's dict that are the interpreter's or a library's bookkeeping, not state
+# the module's code keeps there (an ABC's registry cannot even be pickled).
+_CLASS_BOOKKEEPING = frozenset({"_abc_impl", "_abc_registry", "_abc_cache", "_abc_negative_cache", "_abc_negative_cache_version"})
+_CODE_LIKE = (types.FunctionType, classmethod, staticmethod, property, type, types.MethodType, types.BuiltinFunctionType)
+
+
+def _code_state(key: str, value: Any, out: dict[str, Any], module: str) -> None:
+    if isinstance(value, type):
+        if type(value) not in (type, abc.ABCMeta):
+            return  # a library's metaclass keeps its own bookkeeping in the class (traitlets, pydantic, enum)
+        for attr, item in list(vars(value).items()):
+            if attr.startswith("__") or attr in _CLASS_BOOKKEEPING or isinstance(item, _CODE_LIKE) or hasattr(type(item), "__get__"):
+                continue  # methods and descriptors are code; the lru cache of a method is `cache_infos`'
+            out[f"@class:{key}.{attr}"] = item
+        return
+    if value.__defaults__:
+        out[f"@defaults:{key}"] = value.__defaults__
+    if value.__kwdefaults__:
+        out[f"@kwdefaults:{key}"] = dict(value.__kwdefaults__)
+    # The module's own functions a decorator holds (``__wrapped__``, a closure) are code,
+    # keyed by its source: only what they are is noted, never pickled by value.
+    attributes = {k: _CodeOf(v) if _own_code(v, module) else v for k, v in value.__dict__.items()}
+    if attributes:
+        out[f"@dict:{key}"] = attributes
+    if value.__closure__:
+        cells = tuple(_cell_contents(c) for c in value.__closure__)
+        out[f"@closure:{key}"] = tuple(_CodeOf(c) if _own_code(c, module) else c for c in cells)
+
+
+def _own_code(value: Any, module: str) -> bool:
+    return isinstance(value, types.FunctionType) and value.__module__ == module
+
+
+class _CodeOf:
+    """Stands for one of the module's functions in its code state: its name, not its pickle."""
+
+    def __init__(self, func: types.FunctionType) -> None:
+        self.name = func.__qualname__
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_CodeOf.__new__, (_CodeOf,), {"name": self.name})
+
+
+class _EmptyCell:
+    """A closure cell without a value."""
+
+
+def _cell_contents(cell: types.CellType) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return _EmptyCell
+
+
+def put_module_data(module: types.ModuleType, data: Mapping[str, Any]) -> None:
+    """Make a local module's data what `module_data` read (plain names, then code state)."""
+    module.__dict__.update({k: v for k, v in data.items() if not k.startswith("@")})
+    for key, value in data.items():
+        if not key.startswith("@"):
+            continue
+        kind, _, rest = key[1:].partition(":")
+        if kind == "class":
+            name, _, attr = rest.partition(".")
+            setattr(getattr(module, name), attr, value)
+            continue
+        func = getattr(module, rest)
+        if kind == "defaults":
+            func.__defaults__ = value
+        elif kind == "kwdefaults":
+            func.__kwdefaults__ = value
+        elif kind == "dict":
+            func.__dict__.update({k: v for k, v in value.items() if not isinstance(v, _CodeOf)})
+        elif kind == "closure":
+            for cell, item in zip(func.__closure__ or (), value):
+                if item is not _EmptyCell and not isinstance(item, _CodeOf):
+                    cell.cell_contents = item
+
+
+def cache_infos(modules: Mapping[str, types.ModuleType]) -> dict[str, Any]:
+    """``cache_info()`` of every ``functools.lru_cache``/``cache`` of local modules (module
+    functions and methods of their classes), by dotted name. Their content cannot be read,
+    stored or compared: a cell that used one (a hit or a miss) cannot be replayed."""
+    out = {}
+    for name, module in modules.items():
+        for key, value in list(vars(module).items()):
+            holders = [(key, value)]
+            if isinstance(value, type) and getattr(value, "__module__", None) == module.__name__:
+                holders += [(f"{key}.{attr}", item) for attr, item in list(vars(value).items())]
+            for label, item in holders:
+                item = getattr(item, "__func__", item)
+                info = getattr(item, "cache_info", None)
+                if callable(info) and hasattr(item, "cache_clear"):
+                    try:
+                        out[f"{name}.{label}"] = info()
+                    except Exception:  # noqa: BLE001 - not functools' cache after all
+                        continue
     return out
 
 

@@ -137,15 +137,19 @@ class RecordingShell(InteractiveShell):
         self.sink.events.append(("error", etype.__name__, str(evalue)))
 
 
-_CONFIG = Config()
-_CONFIG.HistoryManager.enabled = False
-_CONFIG.HistoryManager.hist_file = ":memory:"
+def _config() -> Config:
+    # Made per shell, not module data: traitlets fills a Config in as a shell reads it, and
+    # in process this module is a local module whose data every cell is keyed on.
+    config = Config()
+    config.HistoryManager.enabled = False
+    config.HistoryManager.hist_file = ":memory:"
+    return config
 
 
 @contextlib.contextmanager
 def _shell(namespace: dict[str, Any]) -> Iterator[RecordingShell]:
     """A new recording shell over `namespace`, torn down (atexit hook, sys state) afterwards."""
-    shell = RecordingShell(config=_CONFIG, user_ns=namespace, displayhook_class=RecordingDisplayHook)
+    shell = RecordingShell(config=_config(), user_ns=namespace, displayhook_class=RecordingDisplayHook)
     shell.sink = _Sink()
     # As in a kernel, `IPython.get_ipython()` is the shell running the cells.
     was = InteractiveShell._instance

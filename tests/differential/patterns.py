@@ -551,6 +551,49 @@ def _replayed_code_patterns() -> list[Pattern]:
     return out
 
 
+# State a local module keeps in its own functions and classes, changed by a call. Each:
+# (name, mylib.py, the changing call as audited, as edited, the reader).
+_MODULE_CODE_STATE: list[tuple[str, str, str, str, str]] = [
+    ("class_attribute", "class Reg:\n    items = []\n\ndef add(x):\n    Reg.items.append(x)\n", "mylib.add(1)", "mylib.add(2)",
+     "print(mylib.Reg.items)"),
+    ("class_attribute_rebound", "class Conf:\n    level = 0\n\ndef set_level(n):\n    Conf.level = n\n", "mylib.set_level(1)",
+     "mylib.set_level(2)", "print(mylib.Conf.level)"),
+    ("mutable_default", "def add(x, acc=[]):\n    acc.append(x)\n    return acc\n", "mylib.add(1)", "mylib.add(2)", "print(mylib.add(0))"),
+    ("keyword_default", "def add(x, *, acc={}):\n    acc[x] = 1\n    return sorted(acc)\n", "mylib.add(1)", "mylib.add(2)", "print(mylib.add(0))"),
+    ("function_attribute", "def add(x):\n    add.total = getattr(add, 'total', 0) + x\n    return add.total\n", "mylib.add(1)", "mylib.add(2)",
+     "print(mylib.add(0))"),
+    ("closure_counter", "def counted(f):\n    n = [0]\n    def wrapper(x):\n        n[0] += x\n        return f(n[0])\n    return wrapper\n\n"
+     "@counted\ndef show(v):\n    return v\n", "mylib.show(1)", "mylib.show(2)", "print(mylib.show(0))"),
+    ("lru_cache_of_a_file", "import functools\n\n@functools.lru_cache\ndef load(p):\n    with open(p) as f:\n        return f.read()\n",
+     "mylib.load('d.txt')", "mylib.load('d.txt')\nwith open('d.txt', 'w') as f:\n    f.write('other')", "print(mylib.load('d.txt'))"),
+    ("cache_with_output", "import functools\n\n@functools.cache\ndef sq(x):\n    print('computing', x)\n    return x * x\n", "mylib.sq(2)",
+     "mylib.sq(3)", "print(mylib.sq(2))"),
+    ("cached_method", "import functools\n\nclass Store:\n    @functools.lru_cache\n    def get(self, k):\n        print('miss', k)\n        return k\n\n"
+     "S = Store()\n", "mylib.S.get(1)", "mylib.S.get(2)", "print(mylib.S.get(1))"),
+]
+
+
+def _module_code_state_patterns() -> list[Pattern]:
+    """The changing cell edited (the reader replayed the old state: module data was keyed on
+    its plain attributes only), and kept with the reader edited (the state a replay puts back,
+    or the cell using a cache runs)."""
+    out = []
+    for name, lib, call, edited_call, reader in _MODULE_CODE_STATE:
+        files = {"mylib.py": lib, "d.txt": "data"}
+        out.append(pattern(
+            f"module_{name}_changed_by_an_edited_cell",
+            f"a local module's {name.replace('_', ' ')} changed by a call, the call edited: the reader replayed the old state",
+            ["import mylib", call, reader], edit={1: edited_call}, files=files,
+        ))
+        out.append(pattern(
+            f"module_{name}_kept_reader_edited",
+            f"a local module's {name.replace('_', ' ')} changed by a replayed call: the edited reader sees it as a fresh run does",
+            ["import mylib", call, reader], edit={2: reader + "\nprint('again')"}, files=files,
+            replays=(0,) if "cache" in name else None,
+        ))
+    return out
+
+
 def _library_patch_patterns() -> list[Pattern]:
     """A patch edited (or the value it patches in), read by a later cell; and one patch kept,
     where the cell between replays (the patched state is keyed alike in both kernels).
@@ -1639,6 +1682,7 @@ def _patterns() -> list[Pattern]:
     *_own_code_in_tasks_patterns(),
     *_task_reads_patterns(),
     *_library_patch_patterns(),
+    *_module_code_state_patterns(),
     *_replayed_code_patterns(),
     *_setting_code_patterns(),
 ]
@@ -1707,6 +1751,7 @@ KERNEL_PATTERNS: list[str] = [
 KERNEL_PATTERNS += [f"library_patch_{name}_edited" for name, *_ in _PATCHES] + ["library_patch_kept_reader_between_replays"]
 KERNEL_PATTERNS += [f"replayed_{n}_raises_in_a_cell_that_runs" for n in ("function", "method", "lambda", "comprehension")]
 KERNEL_PATTERNS += ["replayed_function_warns_in_a_cell_that_runs", "ipython_xmode_edited_on_a_kernel"]
+KERNEL_PATTERNS += ["module_class_attribute_kept_reader_edited", "module_closure_counter_kept_reader_edited"]
 
 
 # ---------------------------------------------------------------------------
