@@ -25,14 +25,17 @@ Dask is imported lazily.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
+import types
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from nbrewind.identity.interpreter import collector_paused
 from nbrewind.tasks.cache import TaskCache, is_impure, load_result
+from nbrewind.tasks.effects import mutated_parameters, side_effect
 from nbrewind.tasks.reads import changed_reads
 from nbrewind.tasks.remote import StoreLink
 from nbrewind.tasks.resume import run_resumable
@@ -98,10 +101,20 @@ def _node_impure(node: Any, ts: Any, funcs: dict[int, bool], inners: dict[int, b
     func = node.func
     marked = funcs.get(id(func))
     if marked is None:
-        marked = funcs[id(func)] = is_impure(func)
+        marked = funcs[id(func)] = is_impure(func) or side_effect(func) is not None
     if marked:
         return True
     args = node.args
+    changed = mutated_parameters(func)
+    if changed and _changes_held_object(func, changed, node, ts):
+        return True
+    for a in itertools.chain(args, node.kwargs.values()):
+        if isinstance(a, (types.FunctionType, functools.partial)):  # map_blocks(f), bag.map(f)
+            passed = funcs.get(id(a))
+            if passed is None:
+                passed = funcs[id(a)] = is_impure(a) or side_effect(a) is not None
+            if passed:
+                return True
     if func is ts._execute_subgraph and args and isinstance(args[0], dict):
         inner = args[0]
         found = inners.get(id(inner))
@@ -112,6 +125,15 @@ def _node_impure(node: Any, ts: Any, funcs: dict[int, bool], inners: dict[int, b
     return any(
         _node_impure(a, ts, funcs, inners) for a in itertools.chain(args, node.kwargs.values()) if isinstance(a, Task)
     )
+
+
+def _changes_held_object(func: Any, changed: frozenset[str], node: Any, ts: Any) -> bool:
+    """Whether a parameter ``func`` changes in place gets an object the graph holds (the
+    notebook's ``acc``), not another task's result: a hit would leave it unchanged."""
+    code = func.__code__
+    names = code.co_varnames[: code.co_argcount]
+    given = {**dict(zip(names, node.args)), **node.kwargs}
+    return any(p in given and not isinstance(given[p], (ts.GraphNode, ts.TaskRef)) for p in changed)
 
 
 def _tainted(dsk: Mapping[Key, Any], cache: TaskCache, all_impure: bool, ts: Any, also: Iterable[Key] = ()) -> set[Key]:

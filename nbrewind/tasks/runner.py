@@ -146,6 +146,9 @@ def compute_and_store(spec: TaskSpec, func: Callable[..., Any], /, *args: Any, *
 def _try_store(spec: TaskSpec, value: object, duration: float, reads: Any = None) -> None:
     if not spec.store:
         return
+    if reads is not None and reads.written:
+        # It wrote files: a hit would return its value and leave them unwritten.
+        return
     record: dict[str, Any] = {
         "duration": duration, "worker": _where(), "host": socket.gethostname(), "key_prefix": spec.key_prefix,
     }

@@ -594,6 +594,49 @@ def _module_code_state_patterns() -> list[Pattern]:
     return out
 
 
+# A Dask task doing something besides returning a value: a hit skipped it. Each: (name, the
+# function's module-level setup and body, the reader cell showing the effect or "").
+_TASK_EFFECTS: list[tuple[str, str, str]] = [
+    ("prints", "def f(x):\n    print('in task', x)\n    return x", ""),
+    ("logs", "import logging, sys\nlogging.basicConfig(stream=sys.stdout, level=logging.INFO, force=True, format='%(message)s')\n"
+     "def f(x):\n    logging.info('task %s', x)\n    return x", ""),
+    ("warns", "import warnings\ndef f(x):\n    warnings.warn('from a task')\n    return x", ""),
+    ("appends_to_a_global", "seen = []\ndef f(x):\n    seen.append(x)\n    return x", "print(seen)"),
+    ("sets_an_item_of_a_global", "seen = {}\ndef f(x):\n    seen[x] = True\n    return x", "print(seen)"),
+    ("counts_on_a_class", "class K:\n    n = 0\ndef f(x):\n    K.n += 1\n    return x", "print(K.n)"),
+    ("sets_a_global", "total = 0\ndef f(x):\n    global total\n    total += x\n    return x", "print(total)"),
+    ("draws_from_the_global_rng", "import random\nrandom.seed(3)\ndef f(x):\n    return x + random.random()", "print(round(random.random(), 6))"),
+    ("calls_a_helper_that_prints", "def helper(x):\n    print('helper', x)\ndef f(x):\n    helper(x)\n    return x", ""),
+    ("writes_a_file", "def f(x):\n    with open('out.txt', 'w') as fh:\n        fh.write(str(x))\n    return x",
+     "with open('out.txt') as fh:\n    print(fh.read())"),
+    ("changes_its_argument", "acc = {}\ndef f(d):\n    d['hit'] = True\n    return len(d)", "print(acc)"),
+]
+
+
+def _task_effect_patterns() -> list[Pattern]:
+    """Each effect, the task run by a delayed call and by a bag's map; the compute cell edited
+    (it runs, its task was a hit): the effect was missing from its output or a later cell."""
+    out = []
+    for name, define, reader in _TASK_EFFECTS:
+        arg = "acc" if name == "changes_its_argument" else "1"
+        for shape, compute in (
+            ("delayed", f"print(dask.compute(dask.delayed(f)({arg}), scheduler='sync'))"),
+            ("bag_map", f"print(db.from_sequence([{arg}], npartitions=1).map(f).compute(scheduler='sync'))"),
+        ):
+            if name == "changes_its_argument" and shape == "bag_map":
+                continue  # a bag's items are the graph's, not the notebook's object
+            cells = ["import dask, dask.bag as db\n" + define, compute] + ([reader] if reader else [])
+            seeded = ("random",) if "rng" in name else ()
+            out.append(pattern(
+                f"task_{name}_{shape}",
+                f"a task that {name.replace('_', ' ')}, its cell edited: the task was a cache hit and its effect was missing",
+                cells, edit={1: compute.replace("print(", "print('again', ", 1)}, seeded=seeded,
+                # A handler on sys.stdout cannot be stored: that cell runs again, as it must.
+                replays=() if name == "logs" else None,
+            ))
+    return out
+
+
 def _library_patch_patterns() -> list[Pattern]:
     """A patch edited (or the value it patches in), read by a later cell; and one patch kept,
     where the cell between replays (the patched state is keyed alike in both kernels).
@@ -1682,6 +1725,7 @@ def _patterns() -> list[Pattern]:
     *_own_code_in_tasks_patterns(),
     *_task_reads_patterns(),
     *_library_patch_patterns(),
+    *_task_effect_patterns(),
     *_module_code_state_patterns(),
     *_replayed_code_patterns(),
     *_setting_code_patterns(),
