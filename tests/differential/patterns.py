@@ -1947,14 +1947,14 @@ def run_one(cells: tuple[str, ...], workdir: Path, files: dict[str, str], setup:
 
 @dataclass
 class PatternRuns:
-    """The in-process runs of one pattern."""
+    """The in-process runs of one pattern (the control runs only when asked for)."""
 
     pattern: Pattern
     audit: RunOutcome
     repeat: RunOutcome
     fresh_edited: RunOutcome
-    fresh_edited_again: RunOutcome
-    fresh_original: RunOutcome
+    fresh_edited_again: RunOutcome | None = None
+    fresh_original: RunOutcome | None = None
 
 
 def keep_seeded_rngs(p: Pattern, *runs: RunOutcome) -> None:
@@ -1965,16 +1965,18 @@ def keep_seeded_rngs(p: Pattern, *runs: RunOutcome) -> None:
                 del run.rng[which]
 
 
-def run_pattern(p: Pattern, root: Path) -> PatternRuns:
-    """Audit N, repeat N' (same store), N' fresh twice (the control) and N fresh, each in its own folder under `root`."""
+def run_pattern(p: Pattern, root: Path, *, control: bool = True) -> PatternRuns:
+    """Audit N, repeat N' (same store) and N' fresh, each in its own folder under `root`; with
+    `control`, also N' fresh again and N fresh (the harness's own check)."""
     store = root / "store"
     runs = PatternRuns(
         p,
         audit=run_one(p.cells, root / "audit", p.files_audit, p.setup_audit, mode="audit", store=store),
         repeat=run_one(p.edited, root / "repeat", p.files_repeat, p.setup_repeat or p.setup_audit, mode="repeat", store=store, forecast=True),
         fresh_edited=run_one(p.edited, root / "fresh-edited", p.files_repeat, p.setup_repeat or p.setup_audit),
-        fresh_edited_again=run_one(p.edited, root / "fresh-edited-again", p.files_repeat, p.setup_repeat or p.setup_audit),
-        fresh_original=run_one(p.cells, root / "fresh-original", p.files_audit, p.setup_audit),
     )
-    keep_seeded_rngs(p, runs.audit, runs.repeat, runs.fresh_edited, runs.fresh_edited_again, runs.fresh_original)
+    if control:
+        runs.fresh_edited_again = run_one(p.edited, root / "fresh-edited-again", p.files_repeat, p.setup_repeat or p.setup_audit)
+        runs.fresh_original = run_one(p.cells, root / "fresh-original", p.files_audit, p.setup_audit)
+    keep_seeded_rngs(p, *(r for r in (runs.audit, runs.repeat, runs.fresh_edited, runs.fresh_edited_again, runs.fresh_original) if r is not None))
     return runs

@@ -4,7 +4,7 @@
 same store in a new folder (with the pattern's files), and the result equals a
 fresh plain run of N' (outputs, counts, namespace, files, env, seeded RNGs),
 with no NBRewind warning in the audit or the repeat.
-`test_plain_control[name]` shows the harness is sound for the pattern: two
+`test_plain_control[name]` (``-m slow``) shows the harness is sound for the pattern: two
 fresh plain runs of N' agree, and the audit of N looks like a plain run of N.
 A failure of the first with a passing second is an NBRewind bug.
 
@@ -29,15 +29,16 @@ NAMES = [p.name for p in patterns.PATTERNS if p.inprocess]
 
 
 @functools.lru_cache(maxsize=None)
-def _runs(name: str, base: Path) -> PatternRuns:
-    root = base / f"pattern_{name}"
+def _runs(name: str, base: Path, control: bool) -> PatternRuns:
+    root = base / f"pattern_{name}{'_control' if control else ''}"
     root.mkdir()
-    return run_pattern(patterns.BY_NAME[name], root)
+    return run_pattern(patterns.BY_NAME[name], root, control=control)
 
 
-def runs_for(name: str, factory: pytest.TempPathFactory) -> PatternRuns:
-    """The runs of pattern `name`, made once per test session (both tests of a pattern share them)."""
-    return _runs(name, factory.getbasetemp())
+def runs_for(name: str, factory: pytest.TempPathFactory, *, control: bool = False) -> PatternRuns:
+    """The runs of pattern `name`, made once per test session (the tests of a pattern share
+    them); the control runs only for `test_plain_control`, which runs with ``-m slow``."""
+    return _runs(name, factory.getbasetemp(), control)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -58,10 +59,13 @@ def test_forecast(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     assert not wrong, runs.pattern.describe() + "\n\nthe forecast was wrong:\n" + "\n".join(wrong)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_plain_control(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The harness control: N' fresh twice gives the same picture; the audit of N looks like N run plainly."""
-    runs = runs_for(name, tmp_path_factory)
+    """The harness control: N' fresh twice gives the same picture; the audit of N looks like N run plainly.
+    With ``-m slow``: its two extra plain runs per pattern are two fifths of the suite's runs."""
+    runs = runs_for(name, tmp_path_factory, control=True)
+    assert runs.fresh_edited_again is not None and runs.fresh_original is not None
     problems = differences(runs.fresh_edited_again, runs.fresh_edited)
     assert not problems, runs.pattern.describe() + "\n\ntwo plain runs of N' differ (a harness leak):\n" + "\n".join(problems)
     problems = differences(runs.audit, runs.fresh_original)
