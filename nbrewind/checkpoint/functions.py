@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import types
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from nbrewind.checkpoint.reducers import type_made_keys
@@ -82,6 +83,26 @@ def _cell_value(cell: types.CellType) -> Any:
 
 _CELL_FILES: dict[str, str] = {}
 """A cell's name-independent key (`_cell_key`) -> the file name this kernel gave that cell."""
+_unnamed: list[weakref.WeakMethod[Callable[[], None]]] = []
+"""Methods naming cells that were replayed but not yet named (`name_cells_later`), held
+weakly: a closed session's are dropped."""
+
+
+def name_cells_later(name_them: Callable[[], None]) -> None:
+    """Call the bound method `name_them` (which calls `note_cell_file`) before the next
+    restored function needs a cell's name: naming a cell hashes its source (0.3 ms for
+    1.5 KB in ipykernel), which a replay that restores no function need not pay."""
+    if not any(ref() == name_them for ref in _unnamed):
+        _unnamed.append(weakref.WeakMethod(name_them))
+
+
+def _name_cells() -> None:
+    for ref in _unnamed[:]:
+        name_them = ref()
+        if name_them is None:
+            _unnamed.remove(ref)
+        else:
+            name_them()
 
 
 def note_cell_file(filename: str) -> None:
@@ -109,7 +130,10 @@ def _relocated(code: types.CodeType, filename: str) -> types.CodeType:
 
 def _function_skeleton(code: types.CodeType, name: str, ncells: int, filename: str | None = None) -> types.FunctionType:
     if filename:
-        code = _relocated(code, _CELL_FILES.get(_cell_key(filename), filename))
+        key = _cell_key(filename)
+        if key not in _CELL_FILES and _unnamed:
+            _name_cells()
+        code = _relocated(code, _CELL_FILES.get(key, filename))
     target = _target_globals.get()
     if target is None:
         import builtins

@@ -88,11 +88,12 @@ class Outside:
         self._unapplied: list[str] = []
         """Settings that could not be put back at an import: the next cell that runs is not replayable."""
         self._patched: dict[tuple[int, str | None], tuple[Any, str | None]] = {}
+        """Library attributes cells of this session patched (the objects held, so ids stay theirs)."""
         self._caches_before: dict[str, Any] = {}
+        """``cache_infos`` of the local modules before the running cell."""
         self.code_names: set[str] = set()
         """Globals read by the notebook's functions that settings or patched libraries hold
         (a formatter): whenever a cell runs, they must be in the namespace."""
-        """Library attributes cells of this session patched (the objects held, so ids stay theirs)."""
         settings_registry.note_baselines()
 
     # -- keys -------------------------------------------------------------------------
@@ -184,7 +185,8 @@ class Outside:
         modules = local_modules()
         for label, info in (cache_infos(modules) if modules else {}).items():
             was = self._caches_before.get(label)
-            if (was.hits, was.misses) != (info.hits, info.misses) if was is not None else (info.hits or info.misses):
+            used = (info.hits, info.misses) != ((was.hits, was.misses) if was is not None else (0, 0))
+            if used:
                 impure.append(f"uses the cache of {label}, which a replay cannot fill")
         now = self.setting_keys()
         # A pending setting (restored by `%nbrewind restore` in this cell, not applied yet)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbrewind.checkpoint import hidden, randomness
-from nbrewind.checkpoint.functions import note_cell_file
+from nbrewind.checkpoint.functions import name_cells_later, note_cell_file
 from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.values import load_group
 from nbrewind.session.keys import user_names
@@ -84,6 +84,8 @@ class Restorer:
         rebuilder.before_run = self.apply_pending_files
         self._depth = 0
         self._brought_back = BroughtBack()
+        self._unnamed_cells: list[tuple[str, int, str]] = []
+        """Replayed cells not in the kernel's cache of cell sources yet: (transformed, count, raw)."""
 
     def take_brought_back(self) -> BroughtBack:
         """What bringing back pending values cost since the last call (then start again)."""
@@ -157,9 +159,16 @@ class Restorer:
         shell = self._shell
         with contextlib.suppress(Exception):
             shell.history_manager.store_inputs(count, code, code)
-        with contextlib.suppress(Exception):
-            note_cell_file(shell.compile.cache(transformed if transformed is not None else code, count, raw_code=code))
+        self._unnamed_cells.append((transformed if transformed is not None else code, count, code))
+        name_cells_later(self._name_cells)
         shell.execution_count = count + 1
+
+    def _name_cells(self) -> None:
+        """Put the replayed cells in the kernel's cache of cell sources (`advance_history`)."""
+        while self._unnamed_cells:
+            transformed, count, code = self._unnamed_cells.pop(0)
+            with contextlib.suppress(Exception):
+                note_cell_file(self._shell.compile.cache(transformed, count, raw_code=code))
 
     def apply(self, entries: Mapping[str, Entry], writes: list[str], deletes: list[str]) -> None:
         """Make the namespace and hidden state what `entries` say for these names."""
