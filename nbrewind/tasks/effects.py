@@ -83,6 +83,8 @@ def _function_effect(fn: types.FunctionType, depth: int) -> str | None:
         reason = _reference_effect(root, value, attrs, names)
         if reason is not None:
             return f"{fn.__qualname__} {reason}"
+        if isinstance(value, types.ModuleType) and attrs and is_local_module(value):
+            value = getattr(value, attrs[0], None)  # mylib.report(x): a local module's function
         if depth < 3 and isinstance(value, types.FunctionType) and value is not fn and _own(value):
             inner = _function_effect(value, depth + 1)  # a helper of the notebook's it calls
             if inner is not None:

@@ -86,3 +86,19 @@ def test_library_functions_are_taken_as_returning_values() -> None:
 
     assert side_effect(print) is None and side_effect(json.dumps) is None
     assert side_effect(types.SimpleNamespace) is None
+
+
+def test_a_local_modules_function_is_read_too(tmp_path, monkeypatch) -> None:
+    (tmp_path / "nbr_effects_helpers.py").write_text("def report(x):\n    print('report', x)\n\ndef double(x):\n    return 2 * x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ns: dict[str, Any] = {"__name__": "__main__"}
+    exec(compile("import nbr_effects_helpers as h\ndef f(x):\n    h.report(x)\n    return x\ndef g(x):\n    return h.double(x)\n",
+                 "<cell>", "exec"), ns)
+    try:
+        assert side_effect(ns["f"]) == "report calls print()"
+        assert side_effect(ns["g"]) is None
+    finally:
+        import sys
+
+        sys.modules.pop("nbr_effects_helpers", None)
+
