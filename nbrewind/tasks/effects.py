@@ -78,9 +78,12 @@ def _function_effect(fn: types.FunctionType, depth: int) -> str | None:
         return f"{fn.__qualname__} {found}"
     names = fn.__globals__
     free = dict(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__ or () if _filled(c))))
-    for kind, root, attrs in code_info(code).chains:
+    chains = code_info(code).chains
+    # Warning filters set inside `with warnings.catch_warnings():` are put back when it ends.
+    scoped = any(attrs[:1] == ("catch_warnings",) for _, _, attrs in chains)
+    for kind, root, attrs in chains:
         value = names.get(root, _MISSING) if kind == "g" else free.get(root, _MISSING) if kind == "d" else sys.modules.get(root, _MISSING)
-        reason = _reference_effect(root, value, attrs, names)
+        reason = _reference_effect(root, value, attrs, scoped)
         if reason is not None:
             return f"{fn.__qualname__} {reason}"
         if isinstance(value, types.ModuleType) and attrs and is_local_module(value):
@@ -112,7 +115,7 @@ def _filled(cell: types.CellType) -> bool:
     return True
 
 
-def _reference_effect(root: str, value: Any, attrs: tuple[str, ...], names: dict[str, Any]) -> str | None:
+def _reference_effect(root: str, value: Any, attrs: tuple[str, ...], scoped: bool) -> str | None:
     if not attrs:
         return None
     module = value.__name__ if isinstance(value, types.ModuleType) else None
@@ -120,6 +123,10 @@ def _reference_effect(root: str, value: Any, attrs: tuple[str, ...], names: dict
         module, attrs = "numpy.random", attrs[1:]
     if module in _EFFECT_MODULES and attrs:
         if module in ("random", "numpy.random") and attrs[0] in _NOT_DRAWS:
+            return None
+        if module == "logging" and attrs[0] in ("getLogger", "Logger", "Formatter", "Handler", "LoggerAdapter"):
+            return None
+        if module == "warnings" and (attrs[0] == "catch_warnings" or scoped and attrs[0] in ("simplefilter", "filterwarnings")):
             return None
         if module == "sys" and attrs[0] not in ("stdout", "stderr", "exit", "setrecursionlimit", "path", "modules"):
             return None

@@ -52,6 +52,15 @@ def edits_argument(d, k):
     return len(d)
 def appends_to_argument(items):
     items.append(1)
+def quiet_division(a, b):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return np.asarray(a) / b
+def named_logger(x):
+    return logging.getLogger("nbtask").name
+def global_filter(x):
+    warnings.simplefilter("ignore")
+    return x
 '''
 
 
@@ -64,13 +73,13 @@ def ns() -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", [
     "prints", "appends", "sets_item", "sets_nested", "counts", "adds_to_item", "draws", "draws_numpy", "logs",
-    "warns", "sets_global", "calls_a_printing_helper",
+    "warns", "sets_global", "calls_a_printing_helper", "global_filter",
 ])
 def test_effects_are_found(ns: dict[str, Any], name: str) -> None:
     assert side_effect(ns[name]) is not None
 
 
-@pytest.mark.parametrize("name", ["builds_locally", "own_generator", "copies_first", "comprehension", "edits_argument"])
+@pytest.mark.parametrize("name", ["builds_locally", "own_generator", "copies_first", "comprehension", "edits_argument", "quiet_division", "named_logger"])
 def test_a_function_returning_values_only_has_none(ns: dict[str, Any], name: str) -> None:
     assert side_effect(ns[name]) is None
 
