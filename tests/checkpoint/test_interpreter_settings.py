@@ -233,28 +233,3 @@ def test_functions_in_a_setting_are_keyed_by_what_they_do() -> None:
     exec("again = lambda v: f'{v:.2f}'", ns)
     assert canonical_bytes(ns["again"]) == canonical_bytes(ns["f2"])
     assert canonical_bytes(len) == canonical_bytes(len)
-
-
-def test_ipython_display_configuration_round_trips() -> None:
-    """``ast_node_interactivity``, ``%precision`` and a printer registered for a type are
-    state a later cell's output depends on; put back, they are as the notebook left them."""
-    from IPython.core.interactiveshell import InteractiveShell
-
-    was = InteractiveShell._instance
-    shell = InteractiveShell()
-    InteractiveShell._instance = shell
-    try:
-        assert interpreter.display_get() == {}
-        plain = shell.display_formatter.formatters["text/plain"]
-        shell.ast_node_interactivity = "all"
-        plain.float_precision = "%.2f"
-        printer = plain.for_type(complex, lambda o, p, c: p.text("C"))
-        changed = interpreter.display_get()
-        assert changed["interactivity"] == "all" and changed["text/plain"]["float_precision"] == "%.2f"
-        snapshot = pickle.loads(pickle.dumps({k: v for k, v in changed.items() if k != "text/plain"}))
-        interpreter.display_put({})
-        assert interpreter.display_get() == {} and complex not in plain.type_printers and printer is None
-        interpreter.display_put(snapshot)
-        assert shell.ast_node_interactivity == "all" and plain.float_precision == ""
-    finally:
-        InteractiveShell._instance = was
