@@ -33,7 +33,7 @@ from typing import Any
 
 import xxhash
 
-__all__ = ["Chain", "CodeInfo", "code_digest", "code_info", "line_digest"]
+__all__ = ["Chain", "CodeInfo", "closure_values", "code_digest", "code_info", "line_digest"]
 
 _digest = xxhash.xxh3_128_digest
 _pack_d = struct.Struct("<d").pack
@@ -83,6 +83,17 @@ def code_digest(code_or_function: types.CodeType | types.FunctionType | types.Me
     if not isinstance(code, types.CodeType):
         raise TypeError(f"code_digest() needs code, a function or a method, not {type(code_or_function).__qualname__}")
     return code_info(code).token.hex()
+
+
+def closure_values(func: types.FunctionType) -> dict[str, Any]:
+    """A function's free variables that have a value, by name (an empty cell is left out)."""
+    out = {}
+    for name, cell in zip(func.__code__.co_freevars, func.__closure__ or ()):
+        try:
+            out[name] = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+    return out
 
 
 def code_info(code: types.CodeType) -> CodeInfo:

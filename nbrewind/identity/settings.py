@@ -35,7 +35,7 @@ from typing import Any
 import xxhash
 
 from nbrewind.identity import interpreter
-from nbrewind.identity.code import code_digest, code_info
+from nbrewind.identity.code import closure_values, code_digest, code_info
 from nbrewind.identity.modules import is_local_module
 from nbrewind.identity.values import is_notebook_code
 
@@ -209,7 +209,7 @@ def notebook_code_names(value: Any) -> set[str]:
             pending.append(item.__func__)
         elif isinstance(item, types.FunctionType) and is_notebook_code(item):
             names.update(code_info(item.__code__).global_names)
-            pending.extend(c.cell_contents for c in item.__closure__ or () if _filled(c))
+            pending.extend(closure_values(item).values())
         elif isinstance(item, type) and is_notebook_code(item):
             pending.extend(vars(item).values())
         elif isinstance(item, (staticmethod, classmethod)):
@@ -218,14 +218,6 @@ def notebook_code_names(value: Any) -> set[str]:
             held = [v for v in list(vars(item).values()) if is_notebook_code(v)]
             pending.extend(held)
     return names
-
-
-def _filled(cell: types.CellType) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 - an empty cell raises
-    except ValueError:
-        return False
-    return True
 
 
 def _library_function(func: types.FunctionType) -> bool:

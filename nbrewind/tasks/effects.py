@@ -25,7 +25,7 @@ import sys
 import types
 from typing import Any
 
-from nbrewind.identity.code import code_info
+from nbrewind.identity.code import closure_values, code_info
 from nbrewind.identity.modules import is_local_module
 
 __all__ = ["mutated_parameters", "side_effect"]
@@ -77,7 +77,7 @@ def _function_effect(fn: types.FunctionType, depth: int) -> str | None:
     if found is not None:
         return f"{fn.__qualname__} {found}"
     names = fn.__globals__
-    free = dict(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__ or () if _filled(c))))
+    free = closure_values(fn)
     chains = code_info(code).chains
     # Warning filters set inside `with warnings.catch_warnings():` are put back when it ends.
     scoped = any(attrs[:1] == ("catch_warnings",) for _, _, attrs in chains)
@@ -105,14 +105,6 @@ def _function_effect(fn: types.FunctionType, depth: int) -> str | None:
 
 
 _MISSING = object()
-
-
-def _filled(cell: types.CellType) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 - an empty cell raises
-    except ValueError:
-        return False
-    return True
 
 
 def _reference_effect(root: str, value: Any, attrs: tuple[str, ...], scoped: bool) -> str | None:
