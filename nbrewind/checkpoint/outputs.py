@@ -139,8 +139,9 @@ def _plain(value: dict[str, Any]) -> dict[str, Any]:
     return plain
 
 
-def encode_outputs(messages: list[OutputMessage]) -> tuple[bytes, list[bytes]]:
-    """Messages -> (JSON payload, binary buffers in order) for storage as one tree object."""
+def encode_outputs(messages: list[OutputMessage], result: dict[str, Any] | None = None) -> tuple[bytes, list[bytes]]:
+    """Messages -> (JSON payload, binary buffers in order) for storage as one tree object;
+    `result` is what was kept of the value the cell put into IPython's output history."""
     items = []
     buffers: list[bytes] = []
     for m in messages:
@@ -153,7 +154,10 @@ def encode_outputs(messages: list[OutputMessage]) -> tuple[bytes, list[bytes]]:
             }
         )
         buffers.extend(m.buffers)
-    payload = json.dumps({"format": _FORMAT, "messages": items}, sort_keys=True).encode()
+    doc: dict[str, Any] = {"format": _FORMAT, "messages": items}
+    if result is not None:
+        doc["result"] = result
+    payload = json.dumps(doc, sort_keys=True).encode()
     return payload, buffers
 
 
@@ -171,6 +175,12 @@ def decode_outputs(payload: bytes, buffers: list[bytes]) -> list[OutputMessage]:
         )
         for item in doc["messages"]
     ]
+
+
+def decode_result(payload: bytes) -> dict[str, Any] | None:
+    """The `result` `encode_outputs` kept, or None."""
+    result = json.loads(payload).get("result")
+    return result if isinstance(result, dict) else None
 
 
 def for_replay(message: OutputMessage, execution_count: int) -> OutputMessage:

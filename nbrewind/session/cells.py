@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from nbrewind.checkpoint.outputs import OutputCapture
-from nbrewind.session import outcome
+from nbrewind.session import outcome, policy
 from nbrewind.session.clients import may_need_client
 from nbrewind.session.commit import Committer
 from nbrewind.session.notices import Notices
@@ -84,6 +84,9 @@ class Cells:
             self._channel.warn("could not analyse the cell; it is not recorded", exc)
             self._outcome = (msg_id, outcome.not_recorded(f"NBRewind could not analyse the cell ({type(exc).__name__})"))
             return CellPlan(record=False)
+        effects = plan.effects
+        plan_binds = None if effects is None or effects.dynamic else effects.writes | effects.deferred_writes | effects.deletes
+        self._handle.parts().restorer.output_history.binds(plan_binds)
         if plan.replay:
             return plan
         try:
@@ -104,6 +107,7 @@ class Cells:
             try:
                 parts.restorer.apply_pending()
                 parts.outside.apply_pending()
+                parts.restorer.output_history.fill()
             except Exception as exc:
                 self._channel.warn("could not put back the state replayed cells left", exc)
         return CellPlan(record=False)
@@ -114,6 +118,12 @@ class Cells:
         parts = self._handle.parts()
         parts.restorer.apply_pending()
         parts.outside.apply_pending()
+        effects = plan.effects
+        if policy.reads_history(plan.reads) or "get_ipython" in plan.reads or effects is None or effects.dynamic:
+            try:
+                parts.restorer.output_history.fill()
+            except Exception as exc:
+                self._channel.warn("could not put replayed cells' results into the output history (_, Out)", exc)
         try:
             if parts.outside.code_names:
                 parts.restorer.bring_back(parts.outside.code_names)

@@ -83,7 +83,7 @@ def never_replayed(plan: CellPlan, entries: Mapping[str, Entry], is_pending: Cal
     """Why no recorded run of ``plan`` may be replayed, whatever its inputs, or None."""
     effects = plan.effects
     assert effects is not None
-    if plan.reads & policy.HISTORY_READS:
+    if policy.reads_history(plan.reads):
         return Miss("reads IPython output history (_, Out, In)")
     if effects.syntax_error:
         return Miss("syntax error")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Set as AbstractSet
 from typing import Any
 
 from nbrewind.analysis import parse_source
@@ -21,8 +21,15 @@ MODULE_DUNDERS = frozenset(
 _HISTORY_NAME = re.compile(r"^_(i)?\d+$")
 
 # Reading IPython's output history ties a cell to the previous cells' displayed
-# results, which a replay does not reproduce: such a cell always runs.
+# results, which are not keyed: such a cell always runs (after replayed cells' results
+# are put in place, `results.OutputHistory`).
 HISTORY_READS = frozenset({"_", "__", "___", "_i", "_ii", "_iii", "_oh", "_ih", "Out", "In"})
+_OUTPUT_NAME = re.compile(r"^_\d+$")
+
+
+def reads_history(reads: AbstractSet[str]) -> bool:
+    """Whether a cell reading `reads` reads IPython's history (`HISTORY_READS`, `_3`)."""
+    return bool(reads & HISTORY_READS) or any(_OUTPUT_NAME.match(n) for n in reads)
 
 # Magics a cell may use and still be replayed. `%matplotlib` sets up the plotting backend:
 # the kernel state it leaves is not a value, so a replay runs the magic line again (it is

@@ -26,7 +26,7 @@ from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.outputs import encode_outputs
 from nbrewind.checkpoint.serialize import Unserializable
 from nbrewind.checkpoint.values import stage_group, stage_json
-from nbrewind.session import outside, patches, pseudo, purity
+from nbrewind.session import outside, patches, pseudo, purity, results
 from nbrewind.session.filerecord import Draft, WrittenFiles
 from nbrewind.session.keys import user_names
 from nbrewind.session.plan import CellPlan, LastCell, Paths, RngLedger, env_key, reply_record, run_status
@@ -152,8 +152,8 @@ class Recorder:
         self._add_env_and_cwd(plan, draft)
         self._state.entries.update({k: v for k, v in draft.changed.items() if pseudo.is_pseudo(k)})
         tasks = self._add_tasks(plan, draft, task_cache)
-        outputs_digest = self._stage_outputs(outputs, draft.staged)
         count = self._count(reply)
+        outputs_digest = self._stage_outputs(outputs, draft.staged, self._result(count, draft.staged))
         rebound = self._rebound_unchanged(plan, reply)
         for name, key in plan.prior.items():
             # May have bound it, left it as it was: what it was is what the cell left.
@@ -389,13 +389,22 @@ class Recorder:
                 return True
         return plan.uses is None
 
-    def _stage_outputs(self, outputs: list[Any], staged: list[Any]) -> str | None:
-        if not outputs:
+    def _result(self, count: int, staged: list[Any]) -> dict[str, Any] | None:
+        """What is kept of the value the cell put into the output history (`results`)."""
+        try:
+            return results.record_result(self._shell, self._state, self._objects, count, staged)
+        except Exception as exc:  # pickling a user's value may raise anything
+            return {"unstored": f"{type(exc).__name__}: {exc}"}
+
+    def _stage_outputs(self, outputs: list[Any], staged: list[Any], result: dict[str, Any] | None) -> str | None:
+        if not outputs and result is None:
             return None
-        payload, buffers = encode_outputs(outputs)
+        payload, buffers = encode_outputs(outputs, result)
         objects = self._objects
         blobs = [objects.stage_blob(b) for b in buffers]
-        tree = objects.stage_tree([b.digest for b in blobs], payload)
+        # The stored result is the last child: gc keeps it, pack ships it, verify checks it.
+        kept = results.result_digest(result)
+        tree = objects.stage_tree([b.digest for b in blobs] + ([kept] if kept else []), payload)
         staged.extend([*blobs, tree])
         return tree.digest
 

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nbrewind.checkpoint import randomness
-from nbrewind.checkpoint.outputs import decode_outputs, for_replay
+from nbrewind.checkpoint.outputs import decode_outputs, decode_result, for_replay
 from nbrewind.session import policy
 from nbrewind.session.plan import CellPlan, Emit, LastCell, RngLedger
 from nbrewind.session.pseudo import ABSENT
+from nbrewind.session.results import result_digest
 from nbrewind.session.history import Deferred
 from nbrewind.session.state import HIDDEN, UNSERIALIZABLE, Entry
 
@@ -60,6 +61,8 @@ class Replayer:
         self._restorer = restorer
         self._recorder = recorder
         self._rng = rng
+        self._result: dict[str, Any] | None = None
+        """What the bound run kept of its output-history value (`results`), for `send`."""
 
     def bind(self, plan: CellPlan) -> tuple[list[Any], float]:
         """Bind the matched run's writes; its recorded outputs, and when replaying started."""
@@ -69,8 +72,12 @@ class Replayer:
         entries = {k: Entry.from_meta(d, m) for k, (d, m) in written.items()}
         outputs = []
         objects = self._objects
+        self._result = None
         if run.outputs:
             children, payload = objects.get_tree(run.outputs)
+            self._result = decode_result(payload)
+            if result_digest(self._result) is not None:
+                children = children[:-1]  # the stored result (`results`), loaded when a cell reads it
             outputs = decode_outputs(payload, [bytes(objects.get_blob(c)) for c in children])
         started = time.perf_counter()
         gone = sorted(n for n in run.writes or () if n in entries and entries[n].digest != ABSENT and not objects.has(entries[n].digest))
@@ -106,6 +113,7 @@ class Replayer:
             m = for_replay(message, count)
             self._emit(m.msg_type, m.content, m.metadata, m.buffers)
         self._restorer.advance_history(plan.code, count, plan.transformed)
+        self._restorer.output_history.note(count, self._result)
         duration = time.perf_counter() - started
         last = LastCell(count, "replayed", plan.reason, duration, 0, 0.0)
         rng = self._rng

@@ -18,6 +18,7 @@ from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.values import load_group
 from nbrewind.session.keys import user_names
 from nbrewind.session.outside import SYS_PATH_INPUT
+from nbrewind.session.results import OutputHistory
 from nbrewind.session.state import HIDDEN, MODULE, UNSERIALIZABLE, VALUE, Entry
 
 if TYPE_CHECKING:
@@ -84,6 +85,8 @@ class Restorer:
         rebuilder.before_run = self.apply_pending_files
         self._depth = 0
         self._brought_back = BroughtBack()
+        self.output_history = OutputHistory(shell, state, notices)
+        """Results of replayed cells, for `_`, `Out[N]` (filled before a cell that reads them runs)."""
         self._unnamed_cells: list[tuple[str, int, str]] = []
         """Replayed cells not in the kernel's cache of cell sources yet: (transformed, count, raw)."""
 

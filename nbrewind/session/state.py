@@ -185,6 +185,13 @@ class LiveState:
                 for oid in more:
                     self._holders.setdefault(oid, set()).add(name)
 
+    def name_bound_to(self, value: Any) -> str | None:
+        """A name whose checkpointed object is `value` itself (the first in order), or None."""
+        for name in sorted(self._holders.get(id(value), ())):
+            if self._last.get(name, _NOTHING) is value:
+                return name
+        return None
+
     def mark_used(self, reads: Iterable[str], code_digest: str, inputs: Mapping[str, str]) -> None:
         """A cell run (recorded or replayed) read these names: every unstorable one it did
         not bind anew gets a key that says so, so a later cell keys on the resource's whole

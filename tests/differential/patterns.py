@@ -717,6 +717,49 @@ def _setting_code_patterns() -> list[Pattern]:
     return out
 
 
+_UNPICKLABLE = (
+    "import threading\nclass Held:\n    def __init__(self):\n        self.lock = threading.Lock()\n"
+    "    def __repr__(self):\n        return 'Held()'"
+)
+_HISTORY_PRODUCERS = (
+    # (label, cells ending before the reader, the count of the cell shown by name or value, first cell edited)
+    ("values", ["1 + 1", "2 * 3", "[7] * 2"], 2, "1 + 5"),
+    ("named", ["a = [1]", "a", "b = 2"], 2, "a = [3]"),
+    ("named_changed_in_place", ["a = [1]", "a", "a.append(2)"], 2, "a = [3]"),
+    ("named_bound_anew", ["a = [1]", "a", "a = [5]"], 2, "a = [3]"),
+    ("named_changed_then_bound_anew", ["a = [1]", "a", "a.append(2)\nb = a", "a = 0"], 2, "a = [3]"),
+    ("suppressed_and_printed", ["1 + 1", "2 + 2;", "print(3)", "None"], 1, "1 + 5"),
+    ("frame", ["import pandas as pd\ndf = pd.DataFrame({'x': [1, 2]})", "df.describe()", "df['y'] = df.x * 2", "df"], 2,
+     "import pandas as pd\ndf = pd.DataFrame({'x': [1, 5]})"),
+    ("unstorable_by_name", [_UNPICKLABLE + "\nheld = Held()\nn = 1", "held", "n"], 2, _UNPICKLABLE + "\nheld = Held()\nn = 4"),
+    ("function_result", ["def f(k):\n    return {'k': k}", "f(1)", "f(2)['k']"], 2, "def f(k):\n    return {'k': k + 1}"),
+)
+_HISTORY_READERS = (
+    ("unders", "print(repr(_), repr(__), repr(___))"),
+    ("indexed", "print(repr(Out[{k}]), repr(_{k}))"),
+    ("keys", "print(sorted(Out), len(_oh), _ is Out[max(Out)] if Out else None)"),
+)
+
+
+def _output_history_patterns() -> list[Pattern]:
+    """Cells that show values, then a cell reading IPython's output history: the reader
+    edited (the shows replay and must leave `_`, `Out[N]`, `_N` as a run leaves them), the
+    first cell edited, and a cell inserted before them all (every count moves)."""
+    out = []
+    for label, cells, k, first in _HISTORY_PRODUCERS:
+        for reader_label, reader in _HISTORY_READERS:
+            read = reader.format(k=k)
+            whole = [*cells, read]
+            why = f"{label} shown, then {reader_label} read: a replayed cell's result was not in the output history"
+            out.append(pattern(f"history_{label}_{reader_label}_reader_edited", why, whole, edit={len(cells): "print('x')\n" + read}))
+            out.append(pattern(f"history_{label}_{reader_label}_first_edited", why, whole, edit={0: first}))
+            out.append(Pattern(
+                f"history_{label}_{reader_label}_cell_inserted", why + " (every count moves)", tuple(whole),
+                ("z = 0", *whole), replays=(),
+            ))
+    return out
+
+
 def _patterns() -> list[Pattern]:
     """Every pattern, made on first use (see `__getattr__`)."""
     return [
@@ -1729,6 +1772,7 @@ def _patterns() -> list[Pattern]:
     *_module_code_state_patterns(),
     *_replayed_code_patterns(),
     *_setting_code_patterns(),
+    *_output_history_patterns(),
 ]
 
 @functools.lru_cache(maxsize=1)
@@ -1796,6 +1840,10 @@ KERNEL_PATTERNS += [f"library_patch_{name}_edited" for name, *_ in _PATCHES] + [
 KERNEL_PATTERNS += [f"replayed_{n}_raises_in_a_cell_that_runs" for n in ("function", "method", "lambda", "comprehension")]
 KERNEL_PATTERNS += ["replayed_function_warns_in_a_cell_that_runs", "ipython_xmode_edited_on_a_kernel"]
 KERNEL_PATTERNS += ["module_class_attribute_kept_reader_edited", "module_closure_counter_kept_reader_edited"]
+KERNEL_PATTERNS += [
+    "history_values_unders_reader_edited", "history_named_changed_then_bound_anew_indexed_reader_edited",
+    "history_frame_keys_cell_inserted", "history_unstorable_by_name_indexed_reader_edited",
+]
 
 
 # ---------------------------------------------------------------------------

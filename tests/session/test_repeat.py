@@ -220,6 +220,33 @@ def test_history_reads_always_run(runner: Runner) -> None:
     runner.run(cells)
     out = runner.run(cells, "repeat")
     assert decisions(out) == ["R", "E"]
+    assert runner.ns["v"] == 4  # the replayed cell's result is in `_`, as a run leaves it
+
+
+def test_replayed_results_enter_the_output_history_only_when_read(runner: Runner) -> None:
+    """A result shown by name is not stored again, and is not loaded by its replay: only a
+    cell that reads the history brings it back, as the very object the name holds."""
+    cells = ["import numpy as np\na = np.arange(300_000.0)", "a", "a[0] = 7.0", "2 + 3", "n = 1"]
+    runner.run(cells)
+    out = runner.run(cells, "repeat")
+    assert decisions(out) == ["R"] * 5
+    ns = runner.ns
+    assert isinstance(ns, LazyNamespace) and ns.is_pending("a")
+    assert "_2" not in ns and "_4" not in ns
+    runner.cell("same = Out[2] is a and _2[0] == 7.0 and _ == 5 and __ is a")
+    assert ns["same"] is True
+
+
+def test_an_unstorable_result_read_later_is_reported(runner: Runner) -> None:
+    """A shown value that cannot be pickled is not in the history a replay leaves: the cell
+    reading it runs without it, and the notice says which result and why."""
+    held = "import threading\nclass Held:\n    def __init__(self):\n        self.lock = threading.Lock()"
+    runner.run([held, "Held()", "seen = repr(_)"])
+    out = runner.run([held, "Held()", "seen = repr(_) + '!'"], "repeat")
+    assert decisions(out) == ["R", "R", "E"] and out[2].success
+    assert runner.session is not None
+    said = [n for n in runner.session.notices if "Out[2]" in n]
+    assert len(said) == 1 and "lock" in said[0], runner.session.notices
 
 
 def test_drawing_before_reseeding_keeps_the_rng_an_input(runner: Runner) -> None:
