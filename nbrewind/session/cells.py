@@ -118,8 +118,7 @@ class Cells:
         parts = self._handle.parts()
         parts.restorer.apply_pending()
         parts.outside.apply_pending()
-        effects = plan.effects
-        if policy.reads_history(plan.reads) or "get_ipython" in plan.reads or effects is None or effects.dynamic:
+        if policy.may_read_history(plan):
             try:
                 parts.restorer.output_history.fill()
             except Exception as exc:

@@ -31,6 +31,23 @@ def reads_history(reads: AbstractSet[str]) -> bool:
     """Whether a cell reading `reads` reads IPython's history (`HISTORY_READS`, `_3`)."""
     return bool(reads & HISTORY_READS) or any(_OUTPUT_NAME.match(n) for n in reads)
 
+
+# How code that reaches the namespace dynamically (`get_ipython().user_ns["Out"]`,
+# `eval("_2")`) can name the output history.
+_HISTORY_TEXT = re.compile(r"\b(Out|_oh|user_ns|_{1,3}|_\d+)\b")
+
+
+def may_read_history(plan: Any) -> bool:
+    """Whether a cell about to run may read the output history: it names it, or it reaches
+    the namespace dynamically and its text could name it (a magic such as `%time x` does
+    not: filling the history loads what replayed cells showed, which may be large)."""
+    if reads_history(plan.reads):
+        return True
+    effects = plan.effects
+    if effects is not None and not effects.dynamic and "get_ipython" not in plan.reads:
+        return False
+    return _HISTORY_TEXT.search(plan.transformed or plan.code) is not None
+
 # Magics a cell may use and still be replayed. `%matplotlib` sets up the plotting backend:
 # the kernel state it leaves is not a value, so a replay runs the magic line again (it is
 # idempotent and prints nothing for a backend already chosen). `%time` and `%timeit` run

@@ -757,6 +757,15 @@ def _output_history_patterns() -> list[Pattern]:
                 f"history_{label}_{reader_label}_cell_inserted", why + " (every count moves)", tuple(whole),
                 ("z = 0", *whole), replays=(),
             ))
+    for label, read in (
+        ("eval", "print(eval('Out[3]'), eval('_1'), eval('_'))"),
+        ("user_ns", "print(get_ipython().user_ns['Out'][3])"),
+    ):
+        out.append(pattern(
+            f"history_read_through_{label}_reader_edited",
+            "the output history read where only the text names it: a replayed cell's result was missing",
+            ["1 + 1", "a = [3]", "a", "a.append(4)", read], edit={4: "print('x')\n" + read},
+        ))
     return out
 
 
