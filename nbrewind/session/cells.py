@@ -87,6 +87,8 @@ class Cells:
         effects = plan.effects
         plan_binds = None if effects is None or effects.dynamic else effects.writes | effects.deferred_writes | effects.deletes
         self._handle.parts().restorer.output_history.binds(plan_binds)
+        if effects is not None:
+            self._handle.parts().outside.imports.note(plan.transformed or plan.code, effects.writes)
         if plan.replay:
             return plan
         try:

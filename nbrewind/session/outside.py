@@ -25,9 +25,10 @@ from nbrewind.identity import settings as settings_registry
 from nbrewind.identity.code import code_info
 from nbrewind.identity.imports import AfterImport, after_import
 from nbrewind.identity.modules import is_local_module, local_modules, module_source_path, source_digest
-from nbrewind.session import patches, pseudo
+from nbrewind.session import libcalls, patches, pseudo
 from nbrewind.session.pseudo import ABSENT, Pseudo
 from nbrewind.session.state import HIDDEN, Entry
+from nbrewind.store.digest import digest_bytes
 from nbrewind.store.objects import ObjectStore
 
 SYS_PATH = "sys.path"
@@ -89,6 +90,10 @@ class Outside:
         """Settings that could not be put back at an import: the next cell that runs is not replayable."""
         self._patched: dict[tuple[int, str | None], tuple[Any, str | None]] = {}
         """Library attributes cells of this session patched (the objects held, so ids stay theirs)."""
+        self._calls: dict[str, str] = {}
+        """Library calls cells of this session made for their effect (`libcalls`): text -> key."""
+        self.imports = libcalls.Imports()
+        """Which notebook names imports bound (`libcalls`)."""
         self._caches_before: dict[str, Any] = {}
         """``cache_infos`` of the local modules before the running cell."""
         self.code_names: set[str] = set()
@@ -139,14 +144,21 @@ class Outside:
             held = vars(obj) if attr is None else {attr: inspect.getattr_static(obj, attr, None)}
             self.code_names |= settings_registry.notebook_code_names(list(held.values()))
 
+    def note_library_calls(self, calls: Mapping[str, str]) -> None:
+        """Remember calls a cell made that change what a library keeps: every later cell is
+        keyed on them (`libcalls`)."""
+        self._calls.update(calls)
+
     def patches_key(self) -> str | None:
-        """What the patched library attributes hold now; None while no cell patched one."""
-        if not self._patched:
+        """What the patched library attributes hold now, and which calls changed what
+        libraries keep; None while no cell did either."""
+        if not self._patched and not self._calls:
             return None
         try:
-            return patches.sites_key(self._patched.values())
+            sites = patches.sites_key(self._patched.values()) if self._patched else ""
         except Exception:  # noqa: BLE001 - a patched value we cannot read: a key nothing matches
             return f"unreadable|{uuid.uuid4().hex}"
+        return sites if not self._calls else digest_bytes(f"{sites}\0{libcalls.calls_key(self._calls)}".encode())
 
     def _source_key(self, module_name: str) -> str:
         module = sys.modules.get(module_name)

@@ -26,7 +26,7 @@ from nbrewind.checkpoint.namespace import LazyNamespace
 from nbrewind.checkpoint.outputs import encode_outputs
 from nbrewind.checkpoint.serialize import Unserializable
 from nbrewind.checkpoint.values import stage_group, stage_json
-from nbrewind.session import outside, patches, pseudo, purity, results
+from nbrewind.session import libcalls, outside, patches, pseudo, purity, results
 from nbrewind.session.filerecord import Draft, WrittenFiles
 from nbrewind.session.keys import user_names
 from nbrewind.session.plan import CellPlan, LastCell, Paths, RngLedger, env_key, reply_record, run_status
@@ -153,6 +153,7 @@ class Recorder:
         self._state.entries.update({k: v for k, v in draft.changed.items() if pseudo.is_pseudo(k)})
         tasks = self._add_tasks(plan, draft, task_cache)
         count = self._count(reply)
+        self._note_library_calls(plan, draft, results.shown(self._shell, count))
         outputs_digest = self._stage_outputs(outputs, draft.staged, self._result(count, draft.staged))
         rebound = self._rebound_unchanged(plan, reply)
         for name, key in plan.prior.items():
@@ -388,6 +389,22 @@ class Recorder:
             if dict.__contains__(ns, name) and outside.touches_rng(outside.code_names(dict.__getitem__(ns, name))):
                 return True
         return plan.uses is None
+
+    def _note_library_calls(self, plan: CellPlan, draft: Draft, shown: bool) -> None:
+        """Calls that change what a library keeps (`libcalls`): the cell always runs, and
+        later cells are keyed on each call's text and the values its arguments read."""
+        calls = libcalls.library_calls(plan.transformed or plan.code, self._outside.imports.bound, shown=shown)
+        if not calls:
+            return
+        outside.note_impure(draft.inputs, [f"called {c.target}, which changes what the library keeps" for c in calls])
+        keys = {}
+        for call in calls:
+            values = []
+            for name in sorted(call.reads):
+                entry = draft.changed.get(name)
+                values.append(f"{name}={entry.key if entry is not None else draft.inputs.get(name, '')}")
+            keys[call.text] = "\0".join(values)
+        self._outside.note_library_calls(keys)
 
     def _result(self, count: int, staged: list[Any]) -> dict[str, Any] | None:
         """What is kept of the value the cell put into the output history (`results`)."""

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from nbrewind.session.state import LiveState
     from nbrewind.store.objects import ObjectStore
 
-__all__ = ["OutputHistory", "record_result", "result_digest"]
+__all__ = ["OutputHistory", "record_result", "result_digest", "shown"]
 
 _UNDERS = ("_", "__", "___")
 _SAME = object()
@@ -32,6 +32,12 @@ _SAME = object()
 def _output_hist(shell: Any) -> dict[int, Any] | None:
     hist = getattr(getattr(shell, "history_manager", None), "output_hist", None)
     return hist if isinstance(hist, dict) else None
+
+
+def shown(shell: Any, count: int) -> bool:
+    """Whether cell `count` put a value into the output history."""
+    hist = _output_hist(shell)
+    return hist is not None and count in hist
 
 
 def record_result(shell: Any, state: LiveState, objects: ObjectStore, count: int, staged: list[Any]) -> dict[str, Any] | None:

@@ -769,6 +769,60 @@ def _output_history_patterns() -> list[Pattern]:
     return out
 
 
+_LIBRARY_CALLS = (
+    # (label, imports, the call that changes state a library keeps, the same call edited, a reader)
+    ("calendar_first_weekday", "import calendar", "calendar.setfirstweekday(6)", "calendar.setfirstweekday(0)",
+     "print(calendar.firstweekday(), calendar.weekheader(2))"),
+    ("mimetypes_added_type", "import mimetypes", "mimetypes.add_type('text/x-foo', '.foo')",
+     "mimetypes.add_type('text/x-bar', '.foo')", "print(mimetypes.guess_type('a.foo'))"),
+    ("switch_interval", "import sys", "sys.setswitchinterval(0.002)", "sys.setswitchinterval(0.003)",
+     "print(sys.getswitchinterval())"),
+    ("tqdm_pandas", "import pandas as pd\nfrom tqdm.auto import tqdm", "tqdm.pandas(disable=True)",
+     "tqdm.pandas(disable=True, desc='b')", "print(pd.Series([1, 2]).progress_apply(lambda v: v + 1).tolist())"),
+    ("dask_normalize_token", "from dask.base import normalize_token, tokenize\nclass P:\n    def __init__(self, v):\n        self.v = v",
+     "normalize_token.register(P)(lambda p: ('P', p.v))", "normalize_token.register(P)(lambda p: ('P', p.v + 1))",
+     "print(tokenize(P(1)) == tokenize(P(1)), tokenize(P(1)) == tokenize(P(2)))"),
+    ("copyreg_reducer", "import copyreg, pickle\nclass Q:\n    pass", "copyreg.pickle(Q, lambda q: (int, (7,)))",
+     "copyreg.pickle(Q, lambda q: (int, (8,)))", "print(pickle.loads(pickle.dumps(Q())))"),
+)
+
+
+def _library_call_state_patterns() -> list[Pattern]:
+    """A library call that changes what the library keeps (no attribute of the notebook's,
+    no known setting): edited, a later reader replayed the old state; kept, a reader that
+    ran after the call's replay found the library as it was before the call. Kernel tier:
+    in process the library keeps what the audit's run left."""
+    out = []
+    for label, imports, call, edited, reader in _LIBRARY_CALLS:
+        out.append(pattern(
+            f"library_call_{label}_edited", f"{call} edited: a reader replayed what the old call left",
+            [imports, call, reader], edit={1: edited}, inprocess=False,
+        ))
+        out.append(pattern(
+            f"library_call_{label}_kept", f"{call} kept, the reader edited: the reader must find the library as the call left it",
+            [imports, call, reader], edit={2: "print('x')\n" + reader}, inprocess=False, replays=(0,),
+        ))
+    # Where and how the call is written: amid other statements, in a block, through an alias,
+    # a method of a library object, an argument from an earlier cell (that cell edited).
+    reader = "print(calendar.firstweekday())"
+    for label, cells, edit in (
+        ("amid_statements", ["import calendar\nx = 1\ncalendar.setfirstweekday(6)\ny = 2", reader], {0: "import calendar\nx = 1\ncalendar.setfirstweekday(5)\ny = 2"}),
+        ("in_a_block", ["import calendar\nfor d in (3, 6):\n    calendar.setfirstweekday(d)", reader], {0: "import calendar\nfor d in (3, 5):\n    calendar.setfirstweekday(d)"}),
+        ("through_an_alias", ["import calendar\nfrom calendar import setfirstweekday as first\nfirst(6)", reader], {0: "import calendar\nfrom calendar import setfirstweekday as first\nfirst(5)"}),
+        ("library_object_method", ["import calendar\ncalendar.c.setfirstweekday(6)", reader], {0: "import calendar\ncalendar.c.setfirstweekday(5)"}),
+        ("argument_from_a_cell", ["import calendar\nday = 6", "calendar.setfirstweekday(day)", reader], {0: "import calendar\nday = 5"}),
+    ):
+        out.append(pattern(
+            f"library_call_calendar_{label}_edited", "calendar.setfirstweekday written another way, edited: the reader replayed the old day",
+            cells, edit=edit, inprocess=False,
+        ))
+        out.append(pattern(
+            f"library_call_calendar_{label}_kept", "calendar.setfirstweekday written another way, kept: the reader must see the day it set",
+            cells, edit={len(cells) - 1: "print('x')\n" + reader}, inprocess=False, replays=(),
+        ))
+    return out
+
+
 def _patterns() -> list[Pattern]:
     """Every pattern, made on first use (see `__getattr__`)."""
     return [
@@ -1782,6 +1836,7 @@ def _patterns() -> list[Pattern]:
     *_replayed_code_patterns(),
     *_setting_code_patterns(),
     *_output_history_patterns(),
+    *_library_call_state_patterns(),
 ]
 
 @functools.lru_cache(maxsize=1)
@@ -1849,6 +1904,11 @@ KERNEL_PATTERNS += [f"library_patch_{name}_edited" for name, *_ in _PATCHES] + [
 KERNEL_PATTERNS += [f"replayed_{n}_raises_in_a_cell_that_runs" for n in ("function", "method", "lambda", "comprehension")]
 KERNEL_PATTERNS += ["replayed_function_warns_in_a_cell_that_runs", "ipython_xmode_edited_on_a_kernel"]
 KERNEL_PATTERNS += ["module_class_attribute_kept_reader_edited", "module_closure_counter_kept_reader_edited"]
+KERNEL_PATTERNS += [f"library_call_{label}_{how}" for label, *_ in _LIBRARY_CALLS for how in ("edited", "kept")]
+KERNEL_PATTERNS += [
+    f"library_call_calendar_{label}_{how}" for label in ("amid_statements", "in_a_block", "through_an_alias", "library_object_method",
+                                                          "argument_from_a_cell") for how in ("edited", "kept")
+]
 KERNEL_PATTERNS += [
     "history_values_unders_reader_edited", "history_named_changed_then_bound_anew_indexed_reader_edited",
     "history_frame_keys_cell_inserted", "history_unstorable_by_name_indexed_reader_edited",
