@@ -162,25 +162,29 @@ def encode_outputs(messages: list[OutputMessage], result: dict[str, Any] | None 
 
 
 def decode_outputs(payload: bytes, buffers: list[bytes]) -> list[OutputMessage]:
-    """Inverse of `encode_outputs`."""
+    """Inverse of `encode_outputs` (the messages; `decode_recorded` gives the result too)."""
+    return decode_recorded(payload, buffers.__getitem__)[0]
+
+
+def decode_recorded(payload: bytes, buffer: Callable[[int], bytes]) -> tuple[list[OutputMessage], dict[str, Any] | None]:
+    """The messages and the kept result of one `encode_outputs` payload, parsed once.
+
+    `buffer(i)` gives the i-th binary buffer; only those the messages name are asked for, so a
+    stored result after them is not read."""
     doc = json.loads(payload)
     if doc.get("format") != _FORMAT:
         raise ValueError(f"unknown outputs format {doc.get('format')!r}")
-    return [
+    messages = [
         OutputMessage(
             msg_type=item["msg_type"],
             content=item["content"],
             metadata=item["metadata"],
-            buffers=[buffers[i] for i in item["buffers"]],
+            buffers=[buffer(i) for i in item["buffers"]],
         )
         for item in doc["messages"]
     ]
-
-
-def decode_result(payload: bytes) -> dict[str, Any] | None:
-    """The `result` `encode_outputs` kept, or None."""
-    result = json.loads(payload).get("result")
-    return result if isinstance(result, dict) else None
+    result = doc.get("result")
+    return messages, result if isinstance(result, dict) else None
 
 
 def for_replay(message: OutputMessage, execution_count: int) -> OutputMessage:

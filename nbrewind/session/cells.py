@@ -183,14 +183,14 @@ class Cells:
         assert run is not None and run.checkpoint_id is not None
         replayer = self._handle.parts().replayer
         try:
-            outputs, started = replayer.bind(plan)
+            bound = replayer.bind(plan)
         except Exception as exc:
             self._channel.warn(f"could not replay cell run #{run.id}; running the cell instead", exc)
             plan.reason = f"its record cannot be replayed ({type(exc).__name__}: {exc})"
             plan.replay = False
             self._start_run(plan)
             return None
-        replayed = replayer.send(plan, outputs, started)
+        replayed = replayer.send(plan, bound)
         self._handle.parts().state.mark_used(run.reads or (), plan.code_digest, run.inputs or {})
         self.last = replayed.last
         self._submit(replayed.run, [], 0)

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nbrewind.checkpoint import randomness
-from nbrewind.checkpoint.outputs import decode_outputs, decode_result, for_replay
+from nbrewind.checkpoint.outputs import OutputMessage, decode_recorded, for_replay
 from nbrewind.session import policy
 from nbrewind.session.plan import CellPlan, Emit, LastCell, RngLedger
 from nbrewind.session.pseudo import ABSENT
-from nbrewind.session.results import result_digest
 from nbrewind.session.history import Deferred
 from nbrewind.session.state import HIDDEN, UNSERIALIZABLE, Entry
 
@@ -28,7 +27,17 @@ if TYPE_CHECKING:
     from nbrewind.store.catalog import Catalog, CellRun
     from nbrewind.store.objects import ObjectStore
 
-__all__ = ["Replayed", "Replayer"]
+__all__ = ["Bound", "Replayed", "Replayer"]
+
+
+@dataclass
+class Bound:
+    """A run whose writes are bound, for `Replayer.send`: its recorded outputs, what it kept of
+    its output-history value (`results`), and when replaying started."""
+
+    outputs: list[OutputMessage]
+    result: dict[str, Any] | None
+    started: float
 
 
 @dataclass
@@ -61,24 +70,20 @@ class Replayer:
         self._restorer = restorer
         self._recorder = recorder
         self._rng = rng
-        self._result: dict[str, Any] | None = None
-        """What the bound run kept of its output-history value (`results`), for `send`."""
 
-    def bind(self, plan: CellPlan) -> tuple[list[Any], float]:
-        """Bind the matched run's writes; its recorded outputs, and when replaying started."""
+    def bind(self, plan: CellPlan) -> Bound:
+        """Bind the matched run's writes; what `send` needs to finish the replay."""
         run = plan.match
         assert run is not None and run.checkpoint_id is not None
         written = self._catalog.checkpoint_entries(run.checkpoint_id, run.writes or ())
         entries = {k: Entry.from_meta(d, m) for k, (d, m) in written.items()}
-        outputs = []
+        outputs: list[OutputMessage] = []
+        result = None
         objects = self._objects
-        self._result = None
         if run.outputs:
             children, payload = objects.get_tree(run.outputs)
-            self._result = decode_result(payload)
-            if result_digest(self._result) is not None:
-                children = children[:-1]  # the stored result (`results`), loaded when a cell reads it
-            outputs = decode_outputs(payload, [bytes(objects.get_blob(c)) for c in children])
+            # A stored result is the last child, after the buffers: read when a cell reads it.
+            outputs, result = decode_recorded(payload, lambda i: bytes(objects.get_blob(children[i])))
         started = time.perf_counter()
         gone = sorted(n for n in run.writes or () if n in entries and entries[n].digest != ABSENT and not objects.has(entries[n].digest))
         if gone:
@@ -102,19 +107,19 @@ class Replayer:
         for line in policy.magic_lines_to_rerun(plan.transformed):
             # Kernel state a magic set up (a plotting backend) is not a value to restore.
             exec(compile(line, "<nbrewind replayed magic>", "exec", dont_inherit=True), self._shell.user_ns)
-        return outputs, started
+        return Bound(outputs, result, started)
 
-    def send(self, plan: CellPlan, outputs: list[Any], started: float) -> Replayed:
+    def send(self, plan: CellPlan, bound: Bound) -> Replayed:
         """Re-send the bound run's outputs; the reply, and the record of the replay."""
         run = plan.match
         assert run is not None
         count = int(self._shell.execution_count)
-        for message in outputs:
+        for message in bound.outputs:
             m = for_replay(message, count)
             self._emit(m.msg_type, m.content, m.metadata, m.buffers)
         self._restorer.advance_history(plan.code, count, plan.transformed)
-        self._restorer.output_history.note(count, self._result)
-        duration = time.perf_counter() - started
+        self._restorer.output_history.note(count, bound.result)
+        duration = time.perf_counter() - bound.started
         last = LastCell(count, "replayed", plan.reason, duration, 0, 0.0)
         rng = self._rng
         rng.left.update({w: e.key for w, e in rng.pending.items()})

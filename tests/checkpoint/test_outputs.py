@@ -26,6 +26,7 @@ from nbrewind.checkpoint.outputs import (
     OutputCapture,
     OutputMessage,
     decode_outputs,
+    decode_recorded,
     encode_outputs,
     for_replay,
 )
@@ -291,6 +292,23 @@ def test_encode_decode_round_trip_keeps_buffers_with_their_messages() -> None:
     assert buffers == [b"one", b"two", b"three"]
     assert decode_outputs(payload, buffers) == messages
     assert decode_outputs(*encode_outputs([])) == []
+
+
+def test_decode_recorded_gives_the_result_and_reads_only_message_buffers() -> None:
+    """The kept result comes back with the messages; a stored result's child (after the
+    message buffers) is never asked for, so a replay does not load it."""
+    messages = [OutputMessage("display_data", {"data": {}, "metadata": {}}, {}, [b"one", b"two"])]
+    result = {"digest": "d" * 64}
+    payload, buffers = encode_outputs(messages, result)
+    asked: list[int] = []
+
+    def buffer(i: int) -> bytes:
+        asked.append(i)
+        return [*buffers, b"the stored result"][i]
+
+    assert decode_recorded(payload, buffer) == (messages, result)
+    assert asked == [0, 1]
+    assert decode_recorded(encode_outputs(messages)[0], buffer)[1] is None
 
 
 def test_encoding_is_deterministic() -> None:
