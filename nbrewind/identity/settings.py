@@ -451,18 +451,27 @@ def _dask_work_dirs() -> set[str]:
 
 def _sys_path_get() -> Any:
     # The interpreter's own entries differ between machines; what cells added or removed does not.
-    base = _SYS_PATH_AT_START if _SYS_PATH_AT_START is not None else []
+    # Entries after the interpreter's first one were appended (`sys.path.append`): they stay
+    # at the end, where they are looked up last.
+    base = set(_SYS_PATH_AT_START if _SYS_PATH_AT_START is not None else ())
     skip = _dask_work_dirs() | {p for p in sys.path if "dask-scratch-space" in p or "dask-worker-space" in p}
-    return {
-        "added": [p for p in sys.path if p not in base and p not in skip],
-        "removed": [p for p in base if p not in sys.path],
+    first = next((i for i, p in enumerate(sys.path) if p in base), len(sys.path))
+    own = [(i, p) for i, p in enumerate(sys.path) if p not in base and p not in skip]
+    snapshot: dict[str, Any] = {
+        "added": [p for i, p in own if i < first],
+        "removed": [p for p in _SYS_PATH_AT_START or () if p not in sys.path],
     }
+    appended = [p for i, p in own if i > first]
+    if appended:
+        snapshot["appended"] = appended
+    return snapshot
 
 
 def _sys_path_put(snapshot: Any) -> None:
     base = _SYS_PATH_AT_START if _SYS_PATH_AT_START is not None else []
     kept = [p for p in sys.path if p not in snapshot["removed"] and (p in base or p in _dask_work_dirs())]
-    sys.path[:] = [*snapshot["added"], *[p for p in kept if p not in snapshot["added"]]]
+    added, appended = snapshot["added"], snapshot.get("appended", [])
+    sys.path[:] = [*added, *[p for p in kept if p not in added and p not in appended], *appended]
 
 
 def _warnings_get() -> Any:
