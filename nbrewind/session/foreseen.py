@@ -225,7 +225,9 @@ def _may_change_in_place(name: str, seen: Foreseen, ns: Any) -> bool:
         return not isinstance(value, (types.ModuleType, int, float, complex, str, bytes, bool, type(None)))
     if entry is None:
         return True
-    return entry.kind != MODULE and str(entry.extra.get("type", "")) not in _SCALARS
+    if entry.kind == MODULE:
+        return bool(entry.extra.get("attr"))  # a library's object (`state.library_object`) may be changed in place
+    return str(entry.extra.get("type", "")) not in _SCALARS
 
 
 _ATOMS = (int, float, complex, str, bytes, bool, type(None))

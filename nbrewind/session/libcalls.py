@@ -1,5 +1,6 @@
-"""Calls that change what a library keeps: `calendar.setfirstweekday(6)`, `tqdm.pandas()`,
-`mimetypes.add_type(...)`, `copyreg.pickle(C, f)`, `sklearn.set_config(...)`.
+"""Calls and stores that change what a library keeps: `calendar.setfirstweekday(6)`,
+`tqdm.pandas()`, `mimetypes.add_type(...)`, `copyreg.pickle(C, f)`,
+`copyreg.dispatch_table[C] = f`, `sys.modules["m"] = m`, `del http.client.responses[200]`.
 
 No name holds the change and no attribute store shows it (`patches` sees those), so a
 replay would leave the library as it was, and a later cell would replay what the call's
@@ -11,7 +12,11 @@ Which calls: a statement that is a call of a dotted name rooted at a name the no
 imported, whose value is thrown away (the cell's last line: it showed nothing, or the name
 reads like a setter: `set_theme()`, `enable(...)`), of a library that is not in `_KNOWN`, the modules
 whose process-wide state is a setting already (`identity.settings`), a file the cell wrote,
-or nothing (`os.makedirs`, `time.sleep`, `display`, pyplot's per-cell figures).
+or nothing (`os.makedirs`, `time.sleep`, `display`, pyplot's per-cell figures). Which stores:
+an assignment, augmented assignment or `del` of an item (or of an attribute below an item)
+of such a library's object. And any call of a notebook function whose body makes such a call
+or store (`Imports.effectful`, followed through the notebook functions it calls by name):
+`def setup(d): calendar.setfirstweekday(d)`, then `setup(6)`.
 """
 
 from __future__ import annotations
@@ -52,29 +57,39 @@ class LibraryCall:
     """One call statement found by `library_calls`."""
 
     text: str
-    """The call's source, as it is keyed."""
+    """The call's (or store's) source, as it is keyed."""
     target: str
-    """The dotted name of what it calls, imports resolved (``calendar.setfirstweekday``)."""
+    """The dotted name of what it calls or changes, imports resolved (``calendar.setfirstweekday``)."""
     reads: frozenset[str]
-    """The names its arguments read, whose values are keyed with the text."""
+    """The names its arguments read, whose values are keyed with the text (for a notebook
+    function, the function too)."""
+    verb: str = "called"
+    """How the reason says it: "called", "changed", "called the notebook function"."""
 
 
 class Imports:
-    """Which notebook names an import bound, to what (``plt`` -> ``matplotlib.pyplot``)."""
+    """Which notebook names an import bound, to what (``plt`` -> ``matplotlib.pyplot``), and
+    which notebook functions change what a library keeps when called."""
 
     def __init__(self) -> None:
         self.bound: dict[str, str] = {}
+        self.effectful: set[str] = set()
+        """Notebook functions whose body makes a library call or store `library_calls` finds."""
 
     def note(self, transformed: str, writes: Iterable[str]) -> None:
         """A cell (run or replayed) binds `writes`: those its imports bind map to the imported
-        dotted name, the others no longer name an import."""
+        dotted name, as do names it assigns an imported name's attribute (`search = sys.path`);
+        the others no longer name an import."""
         imported: dict[str, str] = {}
-        if "import" in transformed:
+        defined: set[str] = set()
+        tree = None
+        if "import" in transformed or "def " in transformed or ("=" in transformed and any(root in transformed for root in self.bound)):
             try:
                 tree = parse_source(transformed)
             except (SyntaxError, ValueError):
                 tree = None
-            for node in ast.walk(tree) if tree is not None else ():
+        if tree is not None and "import" in transformed:
+            for node in ast.walk(tree):
                 if isinstance(node, ast.Import):
                     for alias in node.names:
                         if alias.asname:
@@ -86,25 +101,100 @@ class Imports:
                     for alias in node.names:
                         if alias.name != "*":
                             imported[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        if tree is not None and "=" in transformed and (self.bound or imported):
+            for node in _statements(tree.body):
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                    name = dotted_name(node.value)
+                    root, _, rest = (name or "").partition(".")
+                    if root in self.bound or root in imported:
+                        imported[node.targets[0].id] = (imported.get(root) or self.bound[root]) + ("." + rest if rest else "")
         for name in writes:
             if name not in imported:
                 self.bound.pop(name, None)
         self.bound.update(imported)
+        if tree is not None and "def " in transformed:
+            for node in _statements(tree.body):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _body_changes_libraries(node, self):
+                    defined.add(node.name)
+        self.effectful.difference_update(writes)
+        self.effectful |= defined
 
 
-def _statements(body: list[ast.stmt]) -> Iterable[ast.stmt]:
-    """The statements of a cell at module level, into compound statements but not into
-    function or class bodies (those run when called, `patches` and purity judge the call)."""
+def _statements(body: list[ast.stmt], *, into_functions: bool = False) -> Iterable[ast.stmt]:
+    """The statements of a cell at module level, into compound statements (`with`, `for`,
+    `match` cases...) but not into function or class bodies (those run when called)."""
     for node in body:
         yield node
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not into_functions:
             continue
         for field in ("body", "orelse", "finalbody"):
             inner = getattr(node, field, None)
             if isinstance(inner, list):
-                yield from _statements(inner)
+                yield from _statements(inner, into_functions=into_functions)
         for handler in getattr(node, "handlers", ()) or ():
-            yield from _statements(handler.body)
+            yield from _statements(handler.body, into_functions=into_functions)
+        for case in getattr(node, "cases", ()) or ():
+            yield from _statements(case.body, into_functions=into_functions)
+
+
+def _body_changes_libraries(function: ast.FunctionDef | ast.AsyncFunctionDef, imports: Imports) -> bool:
+    """Whether a notebook function's body (not its nested functions) makes a call statement
+    or an item store on a library, or calls a notebook function that does."""
+    local = {a.arg for a in (*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs)}
+    bound = {k: v for k, v in imports.bound.items() if k not in local}
+    effectful = imports.effectful - local
+    for node in _statements(function.body):
+        if any(_changed_library(t, bound) for t in _store_targets(node)):
+            return True
+        if effectful and any(_calls_notebook_function(n, effectful) for n in _own_nodes(node)):
+            return True
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            name = dotted_name(node.value.func)
+            root, _, rest = (name or "").partition(".")
+            if root in bound and _library(bound[root] + ("." + rest if rest else "")):
+                return True
+    return False
+
+
+def _calls_notebook_function(node: ast.AST, effectful: set[str] | frozenset[str]) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in effectful
+
+
+def _store_targets(node: ast.stmt) -> list[ast.expr]:
+    """What an assignment, augmented assignment or `del` stores into or deletes."""
+    if isinstance(node, ast.Assign):
+        targets = list(node.targets)
+    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        targets = [node.target]
+    elif isinstance(node, ast.Delete):
+        targets = list(node.targets)
+    else:
+        return []
+    out: list[ast.expr] = []
+    while targets:
+        t = targets.pop()
+        if isinstance(t, (ast.Tuple, ast.List)):
+            targets.extend(t.elts)
+        elif isinstance(t, ast.Starred):
+            targets.append(t.value)
+        elif isinstance(t, ast.Subscript) or (isinstance(t, ast.Attribute) and dotted_name(t) is None):
+            out.append(t)  # an item, or an attribute below an item (attribute chains: `patches`)
+    return out
+
+
+def _changed_library(target: ast.expr, imports: Mapping[str, str]) -> str | None:
+    """The library object an item store changes (`sys.modules`), imports resolved, or None."""
+    node: ast.expr = target
+    while isinstance(node, (ast.Subscript, ast.Attribute)) and (node is target or dotted_name(node) is None):
+        node = node.value
+    name = dotted_name(node)
+    if name is None:
+        return None
+    root, _, rest = name.partition(".")
+    if root not in imports:
+        return None
+    resolved = imports[root] + ("." + rest if rest else "")
+    return resolved if _library(resolved) else None
 
 
 def _library(target: str) -> bool:
@@ -115,10 +205,15 @@ def _library(target: str) -> bool:
     return module is not None and not is_local_module(module)
 
 
-def library_calls(transformed: str, imports: Mapping[str, str], *, shown: bool) -> list[LibraryCall]:
-    """The calls of `transformed` that may change what a library keeps (module docstring);
-    `shown`: the cell's last line showed a value (a call there computed something)."""
-    if "(" not in transformed or not imports:
+def library_calls(
+    transformed: str, imports: Mapping[str, str], *, shown: bool, effectful: set[str] | frozenset[str] = frozenset()
+) -> list[LibraryCall]:
+    """The calls and stores of `transformed` that may change what a library keeps (module
+    docstring); `shown`: the cell's last line showed a value (a call there computed something);
+    `effectful`: the notebook functions whose calls do (`Imports.effectful`)."""
+    if not imports and not effectful:
+        return []
+    if "(" not in transformed and "[" not in transformed:
         return []
     try:
         tree = parse_source(transformed)
@@ -126,24 +221,68 @@ def library_calls(transformed: str, imports: Mapping[str, str], *, shown: bool) 
         return []
     last = tree.body[-1] if tree.body else None
     out = []
-    for node in _statements(tree.body):
-        if not isinstance(node, ast.Expr) or not isinstance(node.value, ast.Call):
-            continue
-        call = node.value
-        name = dotted_name(call.func)
-        if name is None:
-            continue
-        root, _, rest = name.partition(".")
-        if root not in imports:
-            continue
-        target = imports[root] + ("." + rest if rest else "")
-        if node is last and shown and not _SETTER.match(target.rsplit(".", 1)[-1]):
-            continue  # a value shown: a computation, most likely
-        if not _library(target):
-            continue
-        reads = frozenset(n.id for arg in (*call.args, *(k.value for k in call.keywords)) for n in ast.walk(arg) if isinstance(n, ast.Name))
-        out.append(LibraryCall(ast.unparse(call), target, reads))
+    for top in tree.body:
+        found: list[tuple[LibraryCall, bool]] = []  # and whether it is in a block of `top`
+        for node in _statements([top]):
+            for stored in _store_targets(node):
+                changed = _changed_library(stored, imports)
+                if changed is not None:
+                    root = _root_name(stored)
+                    reads = frozenset(n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id != root)
+                    found.append((LibraryCall(ast.unparse(node), changed, reads, "changed"), node is not top))
+            if effectful:
+                for n in _own_nodes(node):
+                    if _calls_notebook_function(n, effectful):
+                        assert isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                        # Keyed on the whole statement: `[first(d) for d in days]` calls with what the loop gives.
+                        found.append((LibraryCall(ast.unparse(top), n.func.id, _names(top), "called the notebook function"), False))
+            if not isinstance(node, ast.Expr) or not isinstance(node.value, ast.Call):
+                continue
+            call = node.value
+            name = dotted_name(call.func)
+            if name is None:
+                continue
+            root, _, rest = name.partition(".")
+            if root not in imports:
+                continue
+            target = imports[root] + ("." + rest if rest else "")
+            if node is last and shown and not _SETTER.match(target.rsplit(".", 1)[-1]):
+                continue  # a value shown: a computation, most likely
+            if not _library(target):
+                continue
+            found.append((LibraryCall(ast.unparse(call), target, _argument_names(call)), node is not top))
+        for c, in_block in found:
+            # In a block, keyed on the block: what its loop gives the call need not outlive it.
+            out.append(LibraryCall(ast.unparse(top), c.target, _names(top), c.verb) if in_block else c)
     return out
+
+
+def _names(node: ast.AST) -> frozenset[str]:
+    return frozenset(n.id for n in ast.walk(node) if isinstance(n, ast.Name))
+
+
+def _argument_names(call: ast.Call) -> frozenset[str]:
+    return frozenset(n.id for arg in (*call.args, *(k.value for k in call.keywords)) for n in ast.walk(arg) if isinstance(n, ast.Name))
+
+
+def _root_name(target: ast.expr) -> str | None:
+    node = target
+    while isinstance(node, (ast.Subscript, ast.Attribute)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _own_nodes(statement: ast.stmt) -> Iterable[ast.AST]:
+    """The nodes of one statement that are not in a nested statement (those `_statements`
+    gives on their own) nor in a function, lambda or class body."""
+    todo: list[ast.AST] = [statement]
+    while todo:
+        n = todo.pop()
+        yield n
+        for child in ast.iter_child_nodes(n):
+            if isinstance(child, (ast.stmt, ast.Lambda)):
+                continue
+            todo.append(child)
 
 
 def calls_key(calls: Mapping[str, str]) -> str:

@@ -109,6 +109,7 @@ class Parts:
         files = hidden.FileTracker(exclude=[str(store.root), *hidden.default_exclusions()])
         world = WorldTracker(files.excluded, lambda path: path in files.writes)
         outside = Outside(store.objects, state.entries, paths.rel, paths.abs, notices.warn, namespace=lambda: shell.user_ns)
+        state.imports = outside.imports.bound
         keys = Keys(shell, mode=mode, state=state, outside=outside, rng=rng, paths=paths, catalog=store.catalog)
         recorder = Recorder(
             shell, mode=mode, session_id=session_id, state=state, objects=store.objects, files=files, world=world,

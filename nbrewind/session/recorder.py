@@ -393,10 +393,15 @@ class Recorder:
     def _note_library_calls(self, plan: CellPlan, draft: Draft, shown: bool) -> None:
         """Calls that change what a library keeps (`libcalls`): the cell always runs, and
         later cells are keyed on each call's text and the values its arguments read."""
-        calls = libcalls.library_calls(plan.transformed or plan.code, self._outside.imports.bound, shown=shown)
+        imports = self._outside.imports
+        roots = imports.bound
+        held = self._state.library_objects()
+        if held:
+            roots = {**held, **roots}  # `codes = responses`: codes is that library's object too
+        calls = libcalls.library_calls(plan.transformed or plan.code, roots, shown=shown, effectful=imports.effectful)
         if not calls:
             return
-        outside.note_impure(draft.inputs, [f"called {c.target}, which changes what the library keeps" for c in calls])
+        outside.note_impure(draft.inputs, [f"{c.verb} {c.target}, which changes what a library keeps" for c in calls])
         keys = {}
         for call in calls:
             values = []

@@ -146,6 +146,9 @@ class LiveState:
         self._holds_inside: dict[str, set[str]] = {}
         self._stale: set[str] = set()
         self._staged: list[StagedGroup | StagedBlob] = []
+        self.imports: Mapping[str, str] = {}
+        """Notebook name -> the dotted name an import bound it to (`libcalls.Imports.bound`):
+        a name still holding that library's own object is stored as a reference to it."""
         # Values this checkpoint's grouping just indexed: `remember` need not walk them again.
         self._indexed_now: dict[str, Any] = {}
 
@@ -350,6 +353,21 @@ class LiveState:
                     changed[name] = entry
                 self.entries[name] = entry
                 self.remember(name, mod)
+            refs = {id(values[n]): ref for n in values if n in self.imports and (ref := library_object(self.imports[n], values[n]))}
+            for name in [n for n in values if id(values[n]) in refs] if refs else ():
+                # Another name for the same object (`params = rcParams`) is that reference too.
+                value = values.pop(name)
+                module_name, attr = refs[id(value)]
+                staged_doc = stage_json(self.objects, {"module": module_name, "attr": attr})
+                staged.append(staged_doc)
+                # Keyed on the content as well: a cell may change the object in place.
+                content = _digest_once(value, seen)
+                key = f"object|{module_name}|{attr}" + ("" if isinstance(content, Unserializable) else f"|{content}")
+                entry = Entry(staged_doc.digest, MODULE, digest_bytes(key.encode()), (name,), {"module": module_name, "attr": attr})
+                if self.entries.get(name) != entry:
+                    changed[name] = entry
+                self.entries[name] = entry
+                self.remember(name, value)
             if not values:
                 continue
             names = tuple(sorted(values))
@@ -435,17 +453,54 @@ class LiveState:
             self.remember(n, value)
         return written
 
+    def library_objects(self) -> dict[str, str]:
+        """Names stored as a library's own object (`library_object`) -> its dotted name."""
+        return {
+            name: f"{entry.extra['module']}.{entry.extra['attr']}"
+            for name, entry in self.entries.items()
+            if entry.kind == MODULE and entry.extra.get("attr")
+        }
+
     # -- restoring -------------------------------------------------------------
 
     def load(self, entry: Entry, namespace: dict[str, Any] | None = None) -> dict[str, Any]:
         """The values stored for `entry`'s group (or its module); notebook functions among
         them get `namespace` (the kernel's, by default) as their globals."""
         if entry.kind == MODULE:
-            return {entry.group[0]: importlib.import_module(entry.extra["module"])}
+            found: Any = importlib.import_module(entry.extra["module"])
+            for part in str(entry.extra.get("attr") or "").split(".") if entry.extra.get("attr") else ():
+                found = getattr(found, part)
+            return {entry.group[0]: found}
         if entry.kind != VALUE:
             raise LookupError(f"entry of kind {entry.kind} has no stored value")
         with restoring_into(self.namespace if namespace is None else namespace):
             return load_group(self.objects, entry.digest)
+
+
+_BY_VALUE = (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, int, float, complex, str, bytes, bool, tuple, frozenset, type(None))
+
+
+def library_object(dotted: str, value: Any) -> tuple[str, str] | None:
+    """(module, attribute path) when `value` is the very object a loaded library (not a local
+    module) holds at `dotted` (``matplotlib.rcParams``, ``os.environ``, ``sys.path``), else None.
+
+    Stored by value, a replay would bind a copy, and a later cell changing it through this
+    name would change the copy, not the library's. Classes, functions and immutable values
+    are left to pickling, which keeps them by name or cannot tell a copy apart."""
+    if isinstance(value, (_BY_VALUE, types.ModuleType)):
+        return None
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = sys.modules.get(".".join(parts[:cut]))
+        if module is None:
+            continue
+        if is_local_module(module):
+            return None
+        found: Any = module
+        for part in parts[cut:]:
+            found = getattr(found, part, _NOTHING)
+        return (module.__name__, ".".join(parts[cut:])) if found is value else None
+    return None
 
 
 def _importable(module: types.ModuleType) -> bool:

@@ -823,6 +823,94 @@ def _library_call_state_patterns() -> list[Pattern]:
     return out
 
 
+# How a cell reaches an object a library keeps (http.client.responses, a dict), and what it
+# does to it. Stored by value, a name bound by `from http.client import responses` came back
+# as a copy; item stores, `del` and calls through a notebook function were not seen at all.
+_LIBRARY_REACHES = ("module_chain", "from_import", "alias_of_import", "in_function", "in_nested_function")
+_LIBRARY_OPS = (
+    # (label, the change with {T} for the object and {v} for the value, the two values, a reader)
+    ("item_store", "{T}[299] = {v}", ("'Custom'", "'Other'"), "print(http.client.responses.get(299))"),
+    ("augmented_store", "{T}[200] += {v}", ("'!'", "'?'"), "print(http.client.responses[200])"),
+    ("delete", "del {T}[{v}]", ("200", "201"), "print(http.client.responses.get(200), http.client.responses.get(201))"),
+    ("update_call", "{T}.update({{299: {v}}})", ("'Custom'", "'Other'"), "print(http.client.responses.get(299))"),
+)
+_LIBRARY_OBJECTS = (
+    # (label, set-up cell, the change, the change edited, a reader)
+    ("copyreg_dispatch_table", "import copyreg, pickle\nclass Q:\n    pass", "copyreg.dispatch_table[Q] = lambda q: (int, (7,))",
+     "copyreg.dispatch_table[Q] = lambda q: (int, (8,))", "print(pickle.loads(pickle.dumps(Q())))"),
+    ("sys_modules_injected", "import sys, types", "sys.modules['nbr_fake'] = types.SimpleNamespace(v=1)",
+     "sys.modules['nbr_fake'] = types.SimpleNamespace(v=2)", "import nbr_fake\nprint(nbr_fake.v)\ndel nbr_fake"),
+    ("rcparams_from_import", "from matplotlib import rcParams\nimport matplotlib", "rcParams['lines.linewidth'] = 3",
+     "rcParams['lines.linewidth'] = 4", "print(matplotlib.rcParams['lines.linewidth'])"),
+    ("environ_from_import", "from os import environ\nimport os", "environ['NBR_DIFF_A'] = '1'", "environ['NBR_DIFF_A'] = '2'",
+     "print(os.environ.get('NBR_DIFF_A'))\ndel environ"),  # the kernels' environments differ beyond it
+    ("sys_path_from_import", "from sys import path\nimport sys", "path.append('/nbr-x')", "path.append('/nbr-y')",
+     "print(sys.path[-1])\ndel path"),  # the folders on it differ between the runs
+    ("sys_path_appended", "import sys", "sys.path.append('/nbr-x')", "sys.path.append('/nbr-y')", "print(sys.path[-1])"),
+    ("calendar_through_a_function_in_a_comprehension", "import calendar\ndef first(d):\n    calendar.setfirstweekday(d)",
+     "days = [first(d) for d in (2, 6)]", "days = [first(d) for d in (2, 5)]", "print(calendar.firstweekday())"),
+)
+# The diagonal of reaches x operations runs by default; every pair with -m slow.
+_LIBRARY_DIAGONAL = [(r, _LIBRARY_OPS[i % len(_LIBRARY_OPS)][0]) for i, r in enumerate(_LIBRARY_REACHES)]
+
+
+def _library_object_cells(reach: str, change: str, value: str, reader: str) -> tuple[list[str], int]:
+    """The cells of one reach x operation pattern, and the index of the cell whose value is edited."""
+    if reach in ("module_chain", "from_import", "alias_of_import"):
+        setup, target = {
+            "module_chain": ("import http.client", "http.client.responses"),
+            "from_import": ("from http.client import responses\nimport http.client", "responses"),
+            "alias_of_import": ("from http.client import responses\nimport http.client\ncodes = responses", "codes"),
+        }[reach]
+        return [setup, change.format(T=target, v=value), reader], 1
+    body = "import http.client\ndef change(v):\n    " + change.format(T="http.client.responses", v="v")
+    if reach == "in_function":
+        return [body, f"change({value})", reader], 1
+    return [body, "def setup(v):\n    for _ in range(1):\n        change(v)", f"setup({value})", reader], 2
+
+
+def _library_object_patterns() -> list[Pattern]:
+    """Objects a library keeps, changed by item stores, `del`, augmented stores or calls,
+    reached through the module, a name an import bound, another name for it, or notebook
+    functions: edited, a reader replayed what the old change left; kept, a reader that ran
+    found the library as it was before (the change went into a restored copy, or its replay
+    did nothing). Kernel tier: in process the library keeps what the audit's run left."""
+    out = []
+    for reach in _LIBRARY_REACHES:
+        for label, change, (first, second), reader in _LIBRARY_OPS:
+            cells, at = _library_object_cells(reach, change, first, reader)
+            edited, _ = _library_object_cells(reach, change, second, reader)
+            out.append(pattern(
+                f"library_object_{reach}_{label}_edited", f"http.client.responses changed ({label}) {reach.replace('_', ' ')}, edited",
+                cells, edit={at: edited[at]}, inprocess=False,
+            ))
+            out.append(pattern(
+                f"library_object_{reach}_{label}_kept", f"http.client.responses changed ({label}) {reach.replace('_', ' ')}, the reader edited",
+                cells, edit={len(cells) - 1: "print('x')\n" + reader}, inprocess=False, replays=(0,),
+            ))
+    for label, imports, name, owner in (
+        ("http_responses", "from http.client import responses\nimport http.client", "responses", "http.client.responses"),
+        ("os_environ", "from os import environ\nimport os", "environ", "os.environ"),
+        ("rcparams", "from matplotlib import rcParams\nimport matplotlib", "rcParams", "matplotlib.rcParams"),
+        ("sys_path_alias", "import sys\nsearch = sys.path", "search", "sys.path"),
+    ):
+        reader = f"print({name} is {owner}, type({name}).__name__)\ndel {name}"
+        out.append(pattern(
+            f"library_object_{label}_identity", f"{name} is {owner} after a replay: it came back as a copy",
+            [imports, reader], edit={1: "print('x')\n" + reader},
+        ))
+    for label, setup, change, changed, reader in _LIBRARY_OBJECTS:
+        out.append(pattern(
+            f"library_object_{label}_edited", f"{change} edited: a reader replayed what the old change left",
+            [setup, change, reader], edit={1: changed}, inprocess=False,
+        ))
+        out.append(pattern(
+            f"library_object_{label}_kept", f"{change} kept, the reader edited: it must find the library as the change left it",
+            [setup, change, reader], edit={2: "print('x')\n" + reader}, inprocess=False, replays=(0,),
+        ))
+    return out
+
+
 def _patterns() -> list[Pattern]:
     """Every pattern, made on first use (see `__getattr__`)."""
     return [
@@ -1837,6 +1925,7 @@ def _patterns() -> list[Pattern]:
     *_setting_code_patterns(),
     *_output_history_patterns(),
     *_library_call_state_patterns(),
+    *_library_object_patterns(),
 ]
 
 @functools.lru_cache(maxsize=1)
@@ -1909,6 +1998,13 @@ KERNEL_PATTERNS += [
     f"library_call_calendar_{label}_{how}" for label in ("amid_statements", "in_a_block", "through_an_alias", "library_object_method",
                                                           "argument_from_a_cell") for how in ("edited", "kept")
 ]
+KERNEL_PATTERNS += [f"library_object_{label}_{how}" for label, *_ in _LIBRARY_OBJECTS for how in ("edited", "kept")]
+KERNEL_PATTERNS += [f"library_object_{reach}_{op}_{how}" for reach, op in _LIBRARY_DIAGONAL for how in ("edited", "kept")]
+SLOW_KERNEL_PATTERNS: list[str] = [
+    f"library_object_{reach}_{op}_{how}" for reach in _LIBRARY_REACHES for op, *_ in _LIBRARY_OPS for how in ("edited", "kept")
+    if (reach, op) not in _LIBRARY_DIAGONAL
+]
+"""Run on kernels with ``-m slow`` only: the rest of a generated class whose diagonal is in `KERNEL_PATTERNS`."""
 KERNEL_PATTERNS += [
     "history_values_unders_reader_edited", "history_named_changed_then_bound_anew_indexed_reader_edited",
     "history_frame_keys_cell_inserted", "history_unstorable_by_name_indexed_reader_edited",

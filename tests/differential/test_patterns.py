@@ -75,13 +75,14 @@ def test_plain_control(name: str, tmp_path_factory: pytest.TempPathFactory) -> N
 
 def test_patterns_are_well_formed() -> None:
     """Unique names, every kernel-tier name exists, every edit changes or extends N only where meant."""
-    from differential.patterns import KERNEL_PATTERNS
+    from differential.patterns import KERNEL_PATTERNS, SLOW_KERNEL_PATTERNS
 
     assert len(patterns.BY_NAME) == len(patterns.PATTERNS)
-    assert set(KERNEL_PATTERNS) <= set(patterns.BY_NAME)
+    assert set(KERNEL_PATTERNS) | set(SLOW_KERNEL_PATTERNS) <= set(patterns.BY_NAME)
+    assert not set(KERNEL_PATTERNS) & set(SLOW_KERNEL_PATTERNS) and len(set(KERNEL_PATTERNS)) == len(KERNEL_PATTERNS)
     for p in patterns.PATTERNS:
         assert p.why and p.cells, p.name
-        assert p.inprocess or p.name in KERNEL_PATTERNS, f"{p.name} runs on no tier"
+        assert p.inprocess or p.name in KERNEL_PATTERNS or p.name in SLOW_KERNEL_PATTERNS, f"{p.name} runs on no tier"
         assert p.edited != p.cells or p.files_audit != p.files_repeat or p.setup_repeat is not None, f"{p.name}: nothing changes between runs"
 
 

@@ -1,6 +1,6 @@
 """Named stale-replay patterns through real kernels and nbclient (a subset of `patterns.py`).
 
-For each pattern in `KERNEL_PATTERNS`: audit N on `nbrewind-audit` in a folder
+For each pattern in `KERNEL_PATTERNS` (and `SLOW_KERNEL_PATTERNS` with ``-m slow``): audit N on `nbrewind-audit` in a folder
 holding `files_audit` (and `setup_audit`), repeat N' on `nbrewind-repeat` with
 the same store in a new folder holding `files_repeat` (and `setup_repeat`), and
 run N' on a plain `python3` kernel in a third folder prepared like the repeat's.
@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 
 from differential import patterns
-from differential.patterns import KERNEL_PATTERNS, Pattern, prepare_workdir
+from differential.patterns import KERNEL_PATTERNS, SLOW_KERNEL_PATTERNS, Pattern, prepare_workdir
 from differential.test_kernels import TESTS_DIR, _write, normalized_cells
+
 
 
 def probe_cell(p: Pattern) -> str:
@@ -90,8 +91,11 @@ def _runs(name: str, base: Path) -> tuple[list[Any], list[Any], list[Any], list[
     return normalized_cells(outs["audit"]), normalized_cells(outs["repeat"]), normalized_cells(outs["fresh"]), rows
 
 
+_NAMES = [*KERNEL_PATTERNS, *(pytest.param(n, marks=pytest.mark.slow) for n in SLOW_KERNEL_PATTERNS)]
+
+
 @pytest.mark.kernel
-@pytest.mark.parametrize("name", KERNEL_PATTERNS)
+@pytest.mark.parametrize("name", _NAMES)
 def test_repeat_matches_python3(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Audit N, repeat N': outputs, counts, namespace and hidden state equal a python3 run of N'; the audit is silent."""
     p = patterns.BY_NAME[name]
@@ -108,7 +112,7 @@ def test_repeat_matches_python3(name: str, tmp_path_factory: pytest.TempPathFact
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("name", KERNEL_PATTERNS)
+@pytest.mark.parametrize("name", _NAMES)
 def test_unchanged_prefix_replays(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     """The pattern exercises replay on real kernels: the cells before the first edit replay (DESIGN property 2)."""
     p = patterns.BY_NAME[name]
