@@ -25,6 +25,9 @@ from differential.inprocess import RunOutcome, run_cells
 from differential.test_inprocess import _keep_determined_rngs, differences
 from nbrewind.store import Store
 
+
+pytestmark = pytest.mark.long  # its own CI step (pyproject.toml)
+
 SEEDS = range(0, 40)
 SLOW_SEEDS = range(40, 200)
 VARIANTS = range(3)

@@ -26,6 +26,8 @@ from differential.patterns import KERNEL_PATTERNS, SLOW_KERNEL_PATTERNS, Pattern
 from differential.test_kernels import TESTS_DIR, _write, normalized_cells
 
 
+pytestmark = pytest.mark.long  # its own CI step (pyproject.toml)
+
 
 def probe_cell(p: Pattern) -> str:
     """Namespace picture, seeded RNG states, env and files of the folder, one item per line."""
