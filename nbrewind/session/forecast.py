@@ -102,7 +102,7 @@ def forecast(
     out: list[Forecast] = []
     for index, (cell_id, code) in enumerate(cells):
         view = View(seen, real_view)
-        plan = keys.analyse(code, cell_id, None, view)
+        plan = keys.analyse(code, cell_id, None, view, foreseen=view.foresees)
         one = _one(index, plan, seen, view, catalog)
         out.append(one)
         if one.decision == "replay":

@@ -128,6 +128,11 @@ class View(RecordedReads):
         self.unrecorded: set[str] = set()
         """Functions a foreseen replay binds whose reads were not recorded (an old store)."""
 
+    def foresees(self, name: str) -> bool:
+        """Whether `name` may be bound when the cell arrives (a replay or run before it binds it)."""
+        seen = self._seen
+        return name in seen.names or name in seen.bound or name in seen.unknown
+
     def reads_of(self, name: str) -> frozenset[str] | None:
         seen = self._seen
         if name in seen.bound:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nbrewind.analysis import DYNAMIC_NAMES, CellEffects, RecordedReads, analyze_cell, transitive_reads
@@ -22,6 +24,8 @@ from nbrewind.session.plan import CellPlan, FunctionView, Paths, RngLedger, env_
 from nbrewind.session.pseudo import ABSENT, Pseudo
 from nbrewind.session.state import UNSERIALIZABLE
 from nbrewind.store.digest import digest_bytes
+
+_LINE_MAGIC = re.compile(r"run_line_magic\('([\w.]+)'")
 
 if TYPE_CHECKING:
     from nbrewind.session.state import LiveState
@@ -63,14 +67,19 @@ class Keys:
         self._paths = paths
         self._catalog = catalog
 
-    def analyse(self, code: str, cell_id: str | None, msg_id: str | None, view: RecordedReads | None = None) -> CellPlan:
+    def analyse(
+        self, code: str, cell_id: str | None, msg_id: str | None, view: RecordedReads | None = None,
+        foreseen: Callable[[str], bool] | None = None,
+    ) -> CellPlan:
         """The request's code, effects and reads, before any input is keyed. `view` is the
         namespace as `transitive_reads` sees it (the kernel's now, unless a forecast says
-        otherwise)."""
+        otherwise); `foreseen` tells the names a forecast expects bound when the cell runs."""
         ns = self._shell.user_ns
         try:
             with ns.peeking() if isinstance(ns, LazyNamespace) else contextlib.nullcontext():
                 transformed = self._shell.transform_cell(code)
+                if foreseen is not None and "run_line_magic(" in transformed:
+                    transformed = self._unshadowed(code, transformed, foreseen)
         except Exception:
             transformed = code
         effects = analyze_cell(transformed, allowed_magics=policy.ALLOWED_MAGICS, code_magics=policy.CODE_MAGICS)
@@ -85,6 +94,20 @@ class Keys:
         )
         plan.reads = self.reads(effects, view)
         return plan
+
+    def _unshadowed(self, code: str, transformed: str, foreseen: Callable[[str], bool]) -> str:
+        """The cell as the kernel will transform it once the foreseen names are bound: IPython
+        calls a bare line naming an alias magic (`lk`, `ll`) as that magic only while no name
+        shadows it, and the forecast's namespace does not hold those names yet."""
+        shell = self._shell
+        automagic = shell.automagic
+        shell.automagic = False
+        try:
+            plain = shell.transform_cell(code)
+        finally:
+            shell.automagic = automagic
+        magics = set(_LINE_MAGIC.findall(transformed)) - set(_LINE_MAGIC.findall(plain))
+        return plain if magics and all(foreseen(m.split(".")[0]) for m in magics) else transformed
 
     def plan(self, code: str, cell_id: str | None, msg_id: str | None) -> CellPlan:
         """The request's plan: its effects, reads and inputs, and on repeat the decision."""

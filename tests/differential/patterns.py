@@ -1926,6 +1926,14 @@ def _patterns() -> list[Pattern]:
     *_output_history_patterns(),
     *_library_call_state_patterns(),
     *_library_object_patterns(),
+    *(
+        pattern(
+            f"automagic_name_{name}_shown", f"{name}, a notebook name that is also an IPython alias magic, shown alone: "
+            f"the forecast transformed the line as `%{name}` (the name was not bound yet) and said the cell would run",
+            [f"{name} = [1, 2]", name, f"print(len({name}))"], edit={2: f"print(len({name}), 'x')"},
+        )
+        for name in ("lk", "ll", "lf")
+    ),
 ]
 
 @functools.lru_cache(maxsize=1)
