@@ -104,10 +104,9 @@ class Imports:
         if tree is not None and "=" in transformed and (self.bound or imported):
             for node in _statements(tree.body):
                 if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                    name = dotted_name(node.value)
-                    root, _, rest = (name or "").partition(".")
-                    if root in self.bound or root in imported:
-                        imported[node.targets[0].id] = (imported.get(root) or self.bound[root]) + ("." + rest if rest else "")
+                    resolved = _resolve(dotted_name(node.value), {**self.bound, **imported})
+                    if resolved is not None:
+                        imported[node.targets[0].id] = resolved
         for name in writes:
             if name not in imported:
                 self.bound.pop(name, None)
@@ -120,21 +119,21 @@ class Imports:
         self.effectful |= defined
 
 
-def _statements(body: list[ast.stmt], *, into_functions: bool = False) -> Iterable[ast.stmt]:
+def _statements(body: list[ast.stmt]) -> Iterable[ast.stmt]:
     """The statements of a cell at module level, into compound statements (`with`, `for`,
     `match` cases...) but not into function or class bodies (those run when called)."""
     for node in body:
         yield node
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not into_functions:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
         for field in ("body", "orelse", "finalbody"):
             inner = getattr(node, field, None)
             if isinstance(inner, list):
-                yield from _statements(inner, into_functions=into_functions)
+                yield from _statements(inner)
         for handler in getattr(node, "handlers", ()) or ():
-            yield from _statements(handler.body, into_functions=into_functions)
+            yield from _statements(handler.body)
         for case in getattr(node, "cases", ()) or ():
-            yield from _statements(case.body, into_functions=into_functions)
+            yield from _statements(case.body)
 
 
 def _body_changes_libraries(function: ast.FunctionDef | ast.AsyncFunctionDef, imports: Imports) -> bool:
@@ -143,21 +142,37 @@ def _body_changes_libraries(function: ast.FunctionDef | ast.AsyncFunctionDef, im
     local = {a.arg for a in (*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs)}
     bound = {k: v for k, v in imports.bound.items() if k not in local}
     effectful = imports.effectful - local
-    for node in _statements(function.body):
-        if any(_changed_library(t, bound) for t in _store_targets(node)):
-            return True
-        if effectful and any(_calls_notebook_function(n, effectful) for n in _own_nodes(node)):
-            return True
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
-            name = dotted_name(node.value.func)
-            root, _, rest = (name or "").partition(".")
-            if root in bound and _library(bound[root] + ("." + rest if rest else "")):
-                return True
-    return False
+    return any(True for node in _statements(function.body) for _ in _changes(node, bound, effectful))
 
 
-def _calls_notebook_function(node: ast.AST, effectful: set[str] | frozenset[str]) -> bool:
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in effectful
+_CALLED, _CHANGED, _CALLED_NOTEBOOK = "called", "changed", "called the notebook function"
+
+
+def _changes(node: ast.stmt, imports: Mapping[str, str], effectful: set[str] | frozenset[str]) -> Iterable[tuple[str, str, ast.AST]]:
+    """(verb, target, the node making it) for each change of what a library keeps that the
+    statement `node` makes itself (not through a statement nested in it): an item store on a
+    library's object, a call of a notebook function in `effectful`, a call statement on a library."""
+    for stored in _store_targets(node):
+        changed = _changed_library(stored, imports)
+        if changed is not None:
+            yield _CHANGED, changed, stored
+    if effectful:
+        for n in _own_nodes(node):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in effectful:
+                yield _CALLED_NOTEBOOK, n.func.id, n
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+        target = _resolve(dotted_name(node.value.func), imports)
+        if target is not None and _library(target):
+            yield _CALLED, target, node.value
+
+
+def _resolve(name: str | None, imports: Mapping[str, str]) -> str | None:
+    """`name` (``cal.setfirstweekday``) with its root import resolved, or None when its root
+    names no import."""
+    root, _, rest = (name or "").partition(".")
+    if root not in imports:
+        return None
+    return imports[root] + ("." + rest if rest else "")
 
 
 def _store_targets(node: ast.stmt) -> list[ast.expr]:
@@ -187,14 +202,8 @@ def _changed_library(target: ast.expr, imports: Mapping[str, str]) -> str | None
     node: ast.expr = target
     while isinstance(node, (ast.Subscript, ast.Attribute)) and (node is target or dotted_name(node) is None):
         node = node.value
-    name = dotted_name(node)
-    if name is None:
-        return None
-    root, _, rest = name.partition(".")
-    if root not in imports:
-        return None
-    resolved = imports[root] + ("." + rest if rest else "")
-    return resolved if _library(resolved) else None
+    resolved = _resolve(dotted_name(node), imports)
+    return resolved if resolved is not None and _library(resolved) else None
 
 
 def _library(target: str) -> bool:
@@ -222,38 +231,19 @@ def library_calls(
     last = tree.body[-1] if tree.body else None
     out = []
     for top in tree.body:
-        found: list[tuple[LibraryCall, bool]] = []  # and whether it is in a block of `top`
         for node in _statements([top]):
-            for stored in _store_targets(node):
-                changed = _changed_library(stored, imports)
-                if changed is not None:
-                    root = _root_name(stored)
-                    reads = frozenset(n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id != root)
-                    found.append((LibraryCall(ast.unparse(node), changed, reads, "changed"), node is not top))
-            if effectful:
-                for n in _own_nodes(node):
-                    if _calls_notebook_function(n, effectful):
-                        assert isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-                        # Keyed on the whole statement: `[first(d) for d in days]` calls with what the loop gives.
-                        found.append((LibraryCall(ast.unparse(top), n.func.id, _names(top), "called the notebook function"), False))
-            if not isinstance(node, ast.Expr) or not isinstance(node.value, ast.Call):
-                continue
-            call = node.value
-            name = dotted_name(call.func)
-            if name is None:
-                continue
-            root, _, rest = name.partition(".")
-            if root not in imports:
-                continue
-            target = imports[root] + ("." + rest if rest else "")
-            if node is last and shown and not _SETTER.match(target.rsplit(".", 1)[-1]):
-                continue  # a value shown: a computation, most likely
-            if not _library(target):
-                continue
-            found.append((LibraryCall(ast.unparse(call), target, _argument_names(call)), node is not top))
-        for c, in_block in found:
-            # In a block, keyed on the block: what its loop gives the call need not outlive it.
-            out.append(LibraryCall(ast.unparse(top), c.target, _names(top), c.verb) if in_block else c)
+            for verb, target, made in _changes(node, imports, effectful):
+                if verb == _CALLED and node is last and shown and not _SETTER.match(target.rsplit(".", 1)[-1]):
+                    continue  # a value shown: a computation, most likely
+                if verb == _CALLED_NOTEBOOK or node is not top:
+                    # Keyed on the whole statement: a loop or comprehension gives the call what
+                    # need not outlive it (`[first(d) for d in days]`).
+                    out.append(LibraryCall(ast.unparse(top), target, _names(top), verb))
+                elif verb == _CHANGED:
+                    out.append(LibraryCall(ast.unparse(node), target, _names(node) - {_root_name(made)}, verb))
+                else:
+                    assert isinstance(made, ast.Call)
+                    out.append(LibraryCall(ast.unparse(made), target, _argument_names(made), verb))
     return out
 
 
@@ -262,10 +252,10 @@ def _names(node: ast.AST) -> frozenset[str]:
 
 
 def _argument_names(call: ast.Call) -> frozenset[str]:
-    return frozenset(n.id for arg in (*call.args, *(k.value for k in call.keywords)) for n in ast.walk(arg) if isinstance(n, ast.Name))
+    return frozenset().union(*(_names(arg) for arg in (*call.args, *(k.value for k in call.keywords))))
 
 
-def _root_name(target: ast.expr) -> str | None:
+def _root_name(target: ast.AST) -> str | None:
     node = target
     while isinstance(node, (ast.Subscript, ast.Attribute)):
         node = node.value

@@ -468,7 +468,8 @@ class LiveState:
         them get `namespace` (the kernel's, by default) as their globals."""
         if entry.kind == MODULE:
             found: Any = importlib.import_module(entry.extra["module"])
-            for part in str(entry.extra.get("attr") or "").split(".") if entry.extra.get("attr") else ():
+            attr = entry.extra.get("attr")
+            for part in str(attr).split(".") if attr else ():
                 found = getattr(found, part)
             return {entry.group[0]: found}
         if entry.kind != VALUE:

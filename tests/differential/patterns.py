@@ -787,6 +787,16 @@ _LIBRARY_CALLS = (
 )
 
 
+def _edited_and_kept(name: str, cells: list[str], edit: dict[int, str], why: str, why_kept: str, *, replays: tuple[int, ...]) -> list[Pattern]:
+    """`name`_edited (N' applies `edit`) and `name`_kept (N' edits only the reader, the last
+    cell, which must then find the library as the cells above left it); kernel tier."""
+    reader = cells[-1]
+    return [
+        pattern(f"{name}_edited", why, cells, edit=edit, inprocess=False),
+        pattern(f"{name}_kept", why_kept, cells, edit={len(cells) - 1: "print('x')\n" + reader}, inprocess=False, replays=replays),
+    ]
+
+
 def _library_call_state_patterns() -> list[Pattern]:
     """A library call that changes what the library keeps (no attribute of the notebook's,
     no known setting): edited, a later reader replayed the old state; kept, a reader that
@@ -794,14 +804,10 @@ def _library_call_state_patterns() -> list[Pattern]:
     in process the library keeps what the audit's run left."""
     out = []
     for label, imports, call, edited, reader in _LIBRARY_CALLS:
-        out.append(pattern(
-            f"library_call_{label}_edited", f"{call} edited: a reader replayed what the old call left",
-            [imports, call, reader], edit={1: edited}, inprocess=False,
-        ))
-        out.append(pattern(
-            f"library_call_{label}_kept", f"{call} kept, the reader edited: the reader must find the library as the call left it",
-            [imports, call, reader], edit={2: "print('x')\n" + reader}, inprocess=False, replays=(0,),
-        ))
+        out += _edited_and_kept(
+            f"library_call_{label}", [imports, call, reader], {1: edited}, f"{call} edited: a reader replayed what the old call left",
+            f"{call} kept, the reader edited: the reader must find the library as the call left it", replays=(0,),
+        )
     # Where and how the call is written: amid other statements, in a block, through an alias,
     # a method of a library object, an argument from an earlier cell (that cell edited).
     reader = "print(calendar.firstweekday())"
@@ -812,14 +818,10 @@ def _library_call_state_patterns() -> list[Pattern]:
         ("library_object_method", ["import calendar\ncalendar.c.setfirstweekday(6)", reader], {0: "import calendar\ncalendar.c.setfirstweekday(5)"}),
         ("argument_from_a_cell", ["import calendar\nday = 6", "calendar.setfirstweekday(day)", reader], {0: "import calendar\nday = 5"}),
     ):
-        out.append(pattern(
-            f"library_call_calendar_{label}_edited", "calendar.setfirstweekday written another way, edited: the reader replayed the old day",
-            cells, edit=edit, inprocess=False,
-        ))
-        out.append(pattern(
-            f"library_call_calendar_{label}_kept", "calendar.setfirstweekday written another way, kept: the reader must see the day it set",
-            cells, edit={len(cells) - 1: "print('x')\n" + reader}, inprocess=False, replays=(),
-        ))
+        out += _edited_and_kept(
+            f"library_call_calendar_{label}", cells, edit, "calendar.setfirstweekday written another way, edited: the reader replayed the old day",
+            "calendar.setfirstweekday written another way, kept: the reader must see the day it set", replays=(),
+        )
     return out
 
 
@@ -880,14 +882,8 @@ def _library_object_patterns() -> list[Pattern]:
         for label, change, (first, second), reader in _LIBRARY_OPS:
             cells, at = _library_object_cells(reach, change, first, reader)
             edited, _ = _library_object_cells(reach, change, second, reader)
-            out.append(pattern(
-                f"library_object_{reach}_{label}_edited", f"http.client.responses changed ({label}) {reach.replace('_', ' ')}, edited",
-                cells, edit={at: edited[at]}, inprocess=False,
-            ))
-            out.append(pattern(
-                f"library_object_{reach}_{label}_kept", f"http.client.responses changed ({label}) {reach.replace('_', ' ')}, the reader edited",
-                cells, edit={len(cells) - 1: "print('x')\n" + reader}, inprocess=False, replays=(0,),
-            ))
+            how = f"http.client.responses changed ({label}) {reach.replace('_', ' ')}"
+            out += _edited_and_kept(f"library_object_{reach}_{label}", cells, {at: edited[at]}, f"{how}, edited", f"{how}, the reader edited", replays=(0,))
     for label, imports, name, owner in (
         ("http_responses", "from http.client import responses\nimport http.client", "responses", "http.client.responses"),
         ("os_environ", "from os import environ\nimport os", "environ", "os.environ"),
@@ -900,14 +896,10 @@ def _library_object_patterns() -> list[Pattern]:
             [imports, reader], edit={1: "print('x')\n" + reader},
         ))
     for label, setup, change, changed, reader in _LIBRARY_OBJECTS:
-        out.append(pattern(
-            f"library_object_{label}_edited", f"{change} edited: a reader replayed what the old change left",
-            [setup, change, reader], edit={1: changed}, inprocess=False,
-        ))
-        out.append(pattern(
-            f"library_object_{label}_kept", f"{change} kept, the reader edited: it must find the library as the change left it",
-            [setup, change, reader], edit={2: "print('x')\n" + reader}, inprocess=False, replays=(0,),
-        ))
+        out += _edited_and_kept(
+            f"library_object_{label}", [setup, change, reader], {1: changed}, f"{change} edited: a reader replayed what the old change left",
+            f"{change} kept, the reader edited: it must find the library as the change left it", replays=(0,),
+        )
     return out
 
 
