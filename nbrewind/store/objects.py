@@ -60,6 +60,10 @@ _ZSTD_HEAD = 18
 _FANOUT_RE = re.compile(r"[0-9a-f]{2}")
 
 
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 class ObjectStore(StagingMixin, RefsMixin, BlobReadsMixin):
     """Digest-named objects under ``root/objects`` and digest refs under ``root/refs``.
 
@@ -115,17 +119,30 @@ class ObjectStore(StagingMixin, RefsMixin, BlobReadsMixin):
             raise ValueError(f"{digest!r} is not a digest (32 lowercase hex characters)")
         return self.objects_dir / digest[:2] / digest[2:]
 
-    def _corrupt(self, digest: str, problem: str, *, move: bool = True) -> CorruptObjectError:
+    def _corrupt(
+        self, digest: str, problem: str, *, move: bool = True, seen: os.stat_result | None = None
+    ) -> CorruptObjectError:
         """The error for a damaged object file, which is first moved aside to
         ``corrupt/`` (in a writable store) so that storing the same bytes again,
-        e.g. by re-running the cell, repairs the store."""
+        e.g. by re-running the cell, repairs the store.
+
+        ``seen`` is the ``fstat`` of the file that was read. Only that file is moved: a
+        writer may have replaced it with sound bytes since it was opened (the cell that
+        made it ran again), and moving those aside would lose the repair.
+        """
         where = ""
         if move and not self.readonly:
+            path = self.path_of(digest)
             aside = self.root / "corrupt" / digest
             try:
-                aside.parent.mkdir(exist_ok=True)
-                os.replace(self.path_of(digest), aside)
-                where = f"; the damaged file was moved to {aside}"
+                if seen is None or _same_file(os.stat(path), seen):
+                    aside.parent.mkdir(exist_ok=True)
+                    os.replace(path, aside)
+                    where = f"; the damaged file was moved to {aside}"
+                    if seen is not None and not _same_file(os.stat(aside), seen):
+                        # Replaced between the check and the move: the file moved is the repair.
+                        os.replace(aside, path)
+                        where = ""
             except OSError:
                 pass  # best effort: the error below matters more
         return CorruptObjectError(
@@ -240,9 +257,10 @@ class ObjectStore(StagingMixin, RefsMixin, BlobReadsMixin):
             raise self._not_found(digest) from None
         header = frame.decode_header(handle.read(frame.HEADER_SIZE))
         if header is None:
+            seen = os.fstat(handle.fileno())
             handle.close()
             raise self._corrupt(
-                digest, "missing or unknown header, the file is truncated or foreign", move=move_corrupt
+                digest, "missing or unknown header, the file is truncated or foreign", move=move_corrupt, seen=seen
             )
         return os.fstat(handle.fileno()).st_size, header, handle
 
@@ -255,19 +273,22 @@ class ObjectStore(StagingMixin, RefsMixin, BlobReadsMixin):
     def _read(self, digest: str, *, move_corrupt: bool = True) -> tuple[bytes, frame.FrameHeader]:
         size, header, handle = self._open(digest, move_corrupt=move_corrupt)
         with handle:
+            seen = os.fstat(handle.fileno())
             payload = handle.read()
         if header.codec == frame.CODEC_ZSTD:
             try:
                 content = frame.decompress(payload)
             except zstandard.ZstdError as exc:
-                raise self._corrupt(digest, f"compressed data cannot be decoded: {exc}", move=move_corrupt) from None
+                raise self._corrupt(
+                    digest, f"compressed data cannot be decoded: {exc}", move=move_corrupt, seen=seen
+                ) from None
         else:
             content = payload
         if digest_bytes(content) != digest:
-            raise self._corrupt(digest, f"its {len(content)} bytes do not hash to its name", move=move_corrupt)
+            raise self._corrupt(digest, f"its {len(content)} bytes do not hash to its name", move=move_corrupt, seen=seen)
         if header.kind == frame.KIND_TREE and decode_tree(content) is None:
             # put_tree only ever flags a well-formed tree: the header's kind byte is damaged.
-            raise self._corrupt(digest, "its header says tree but it holds no tree", move=move_corrupt)
+            raise self._corrupt(digest, "its header says tree but it holds no tree", move=move_corrupt, seen=seen)
         return content, header
 
     def get(self, digest: str, *, move_corrupt: bool = True) -> bytes:
@@ -332,7 +353,7 @@ class ObjectStore(StagingMixin, RefsMixin, BlobReadsMixin):
                         start = stream.read(len(TREE_MAGIC))
                 except zstandard.ZstdError as exc:
                     raise self._corrupt(
-                        digest, f"compressed data cannot be decoded: {exc}", move=move_corrupt
+                        digest, f"compressed data cannot be decoded: {exc}", move=move_corrupt, seen=os.fstat(handle.fileno())
                     ) from None
         if start != TREE_MAGIC:
             return None

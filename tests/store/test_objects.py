@@ -95,6 +95,48 @@ def test_flipped_bit_is_detected(store: Store, payload: bytes) -> None:
     assert store.objects.get(digest) == payload
 
 
+# Small enough that the put path re-hashes the file and so rewrites the damaged one.
+@pytest.mark.parametrize("payload", [b"abc" * 5_000, np.random.default_rng(2).bytes(50_000)])
+def test_a_repair_that_lands_while_the_damaged_file_is_read_is_not_moved_aside(
+    store: Store, payload: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader found the file damaged; meanwhile the cell that made it ran again and its
+    writer stored the same bytes under the same name. Quarantining moves only the file
+    the reader judged, never the repair. The interleaving is forced (the repair is made
+    from inside the reader's hash check); the store, its files and renames are real."""
+    from nbrewind.store import objects as objects_module
+
+    digest = store.objects.put(payload)
+    _damage(store.objects.path_of(digest), offset=frame.HEADER_SIZE + 20)
+    real_digest, real_decompress = objects_module.digest_bytes, frame.decompress
+    repaired: list[str] = []
+
+    def repair() -> None:
+        if not repaired:
+            repaired.append("")
+            monkeypatch.undo()  # the writer's own put hashes for real
+            repaired[0] = store.objects.put(payload)  # the damaged file counts as absent: rewritten
+
+    def repair_then_hash(data: bytes | memoryview) -> str:
+        repair()
+        return real_digest(data)
+
+    def repair_then_decompress(data: bytes) -> bytes:
+        repair()
+        return real_decompress(data)
+
+    # The reader has the damaged bytes in hand and is about to judge them.
+    monkeypatch.setattr(objects_module, "digest_bytes", repair_then_hash)
+    monkeypatch.setattr(frame, "decompress", repair_then_decompress)
+    with pytest.raises(CorruptObjectError, match=digest) as raised:
+        store.objects.get(digest)
+    monkeypatch.undo()
+    assert repaired == [digest]
+    assert "moved to" not in str(raised.value)
+    assert store.objects.get(digest) == payload
+    assert not (store.root / "corrupt" / digest).exists()
+
+
 def test_corrupt_object_in_readonly_store_stays_put(store: Store) -> None:
     digest = store.objects.put(b"q" * 5000)
     _damage(store.objects.path_of(digest), offset=frame.HEADER_SIZE + 1)
