@@ -39,6 +39,7 @@ from nbrewind.checkpoint.functions import (
 from nbrewind.checkpoint.live import LiveResource, live_instance_name, live_resource_name, qualified_name
 from nbrewind.checkpoint.loading import OwningUnpickler, is_fresh_bytes_array, is_writable
 from nbrewind.checkpoint.own_state import own_state_base, own_state_reduce, user_class
+from nbrewind.checkpoint.pandas_refs import linking, manager_reducers
 from nbrewind.checkpoint.reducers import (
     SHARING_REDUCERS,
     WEAK_REDUCERS,
@@ -144,6 +145,9 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle has no
         self._for_digest = for_digest
         self._views = views
         self._own_state: dict[type, type | None] = {}
+        # Stored values link pandas' copy-on-write references again when loaded; digests
+        # keep pandas' own reduction (`pandas_refs`).
+        self._by_type = _BY_TYPE if for_digest else {**_BY_TYPE, **manager_reducers()}
 
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
@@ -163,7 +167,7 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle has no
             base = self._own_state[kind] = own_state_base(kind, user_class)
         if base is not None:
             return own_state_reduce(obj, base)
-        special = _BY_TYPE.get(kind)
+        special = self._by_type.get(kind)
         if special is not None:
             return special(obj)
         if isinstance(obj, type):
@@ -277,12 +281,14 @@ def unpickle_value(
     numpy arrays come back owning their memory, as they did live: with
     ``adopt``, a buffer that is a fresh one-dimensional uint8 numpy array the
     caller made for this load becomes the restored array itself (no copy);
-    any other buffer is copied into the array.  Only unpickle bytes whose
-    digest was verified and whose origin is trusted.
+    any other buffer is copied into the array.  pandas blocks that share memory
+    share their copy-on-write references again (`pandas_refs`).  Only unpickle
+    bytes whose digest was verified and whose origin is trusted.
     """
     writable = [buf if is_writable(buf) else bytearray(buf) for buf in buffers]
     adoptable = {id(buf) for buf in writable if adopt and is_fresh_bytes_array(buf)}
-    return OwningUnpickler(io.BytesIO(payload), adoptable, buffers=writable).load()
+    with linking():
+        return OwningUnpickler(io.BytesIO(payload), adoptable, buffers=writable).load()
 
 
 def pickle_group(mapping: Mapping[str, object]) -> Pickled | Unserializable:

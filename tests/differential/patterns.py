@@ -903,6 +903,38 @@ def _library_object_patterns() -> list[Pattern]:
     return out
 
 
+_COW_VIEWS = (
+    ("column", "s = df['x']", True),
+    ("attribute", "s = df.y", True),
+    ("series_slice", "s = df['y'].iloc[1:]", True),
+    ("rows", "s = df.iloc[:2]", False),
+    ("columns", "s = df[['x', 'y']]", False),
+    ("head", "s = df.head(2)", False),
+    ("shallow_copy", "s = df.copy(deep=False)", False),
+    ("renamed", "s = df.rename(columns={'x': 'w'})", False),
+)
+
+
+def _copy_on_write_patterns() -> list[Pattern]:
+    """pandas objects that share a frame's memory under copy-on-write (`s = df['x']`, a
+    row slice, a shallow copy...), restored, then written through one of them in an edited
+    cell: live, the write copies first and the other one keeps its values; restored without
+    their shared references, the write went through to both."""
+    out = []
+    for label, view, is_series in _COW_VIEWS:
+        at = "[0]" if is_series else "[0, 0]"
+        for writer, target in (("view", f"s.iloc{at}"), ("owner", "df.iloc[0, 0]")):
+            out.append(pattern(
+                f"copy_on_write_{label}_written_through_the_{writer}",
+                f"{view}, then {target} = ... edited: the repeat's restored frames shared memory without "
+                f"pandas' copy-on-write references, so the write showed in both",
+                ["import pandas as pd\ndf = pd.DataFrame({'x': [3, 1, 2], 'y': [1.0, None, 3.0], 'z': [4.0, 5.0, 6.0]})",
+                 view, f"{target} = 100\nprint(df)\nprint(s)"],
+                edit={2: f"{target} = 200\nprint(df)\nprint(s)"},
+            ))
+    return out
+
+
 def _patterns() -> list[Pattern]:
     """Every pattern, made on first use (see `__getattr__`)."""
     return [
@@ -1918,6 +1950,7 @@ def _patterns() -> list[Pattern]:
     *_output_history_patterns(),
     *_library_call_state_patterns(),
     *_library_object_patterns(),
+    *_copy_on_write_patterns(),
     *(
         pattern(
             f"automagic_name_{name}_shown", f"{name}, a notebook name that is also an IPython alias magic, shown alone: "
@@ -2000,6 +2033,7 @@ KERNEL_PATTERNS += [
 ]
 KERNEL_PATTERNS += [f"library_object_{label}_{how}" for label, *_ in _LIBRARY_OBJECTS for how in ("edited", "kept")]
 KERNEL_PATTERNS += [f"library_object_{reach}_{op}_{how}" for reach, op in _LIBRARY_DIAGONAL for how in ("edited", "kept")]
+KERNEL_PATTERNS += ["copy_on_write_column_written_through_the_view", "copy_on_write_rows_written_through_the_owner"]
 SLOW_KERNEL_PATTERNS: list[str] = [
     f"library_object_{reach}_{op}_{how}" for reach in _LIBRARY_REACHES for op, *_ in _LIBRARY_OPS for how in ("edited", "kept")
     if (reach, op) not in _LIBRARY_DIAGONAL
