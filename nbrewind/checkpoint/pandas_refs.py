@@ -99,7 +99,7 @@ def _link(manager: Any, shared: tuple[RefsToken, ...]) -> None:
     blocks = manager.blocks
     if len(blocks) != len(shared):
         return  # pandas rebuilt the blocks differently: leave them as they are
-    for block, token in zip(blocks, shared):
+    for block, token in zip(blocks, shared, strict=True):
         first = seen.get(id(token))
         if first is None:
             seen[id(token)] = (token, block)

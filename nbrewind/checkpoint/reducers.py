@@ -113,20 +113,38 @@ class ArrayViews:
     A view whose root is not held in full, say ``v = big[:10]`` without
     ``big``, is pickled as a copy, as before: storing all of ``big`` to keep
     the sharing exact could cost far more than the view, so sharing between
-    two such partial views is lost on restore.  Object arrays, subclasses,
-    and views that cannot be expressed over the root's buffer are copies too.
+    two such partial views is lost on restore.  Object arrays, subclasses with
+    a pickling of their own (masked arrays, memmaps) and views that cannot be
+    expressed over the root's buffer are copies too.
     """
 
     def __init__(self) -> None:
         numpy = sys.modules.get("numpy")  # never imported here: only if the notebook did
         self.ndarray: type | None = getattr(numpy, "ndarray", None)
+        self._memmap: type | None = getattr(numpy, "memmap", None)
+        self._kinds: dict[type, bool] = {}
         # id(root) -> [root, number of arrays on it, covered?, the arrays (kept alive
         # so that no id is reused by a temporary while the pass runs)]
         self._seen: dict[int, list[Any]] = {}
         self.shared: dict[int, Any] | None = None
 
+    def handles(self, kind: type) -> bool:
+        """Whether arrays of type ``kind`` are stored as views when they share a root: the
+        exact ndarray, and subclasses that pickle as numpy pickles an ndarray
+        (``np.matrix``, ``np.recarray``; not ``np.memmap``, whose file is its memory)."""
+        known = self._kinds.get(kind)
+        if known is None:
+            ndarray = self.ndarray
+            known = self._kinds[kind] = kind is ndarray or (
+                ndarray is not None
+                and issubclass(kind, ndarray)
+                and not (self._memmap is not None and issubclass(kind, self._memmap))
+                and all(getattr(kind, name) is getattr(ndarray, name) for name in ("__reduce__", "__reduce_ex__"))
+            )
+        return known
+
     def reduce(self, array: Any) -> Any:
-        """A reduction for the exact ndarray ``array``, or ``NotImplemented``."""
+        """A reduction for ``array`` (of a type it :meth:`handles`), or ``NotImplemented``."""
         assert self.ndarray is not None
         root = array_root(array, self.ndarray)
         if self.shared is None:
@@ -150,7 +168,7 @@ class ArrayViews:
         self.shared = {
             key: entry[0]
             for key, entry in seen.items()
-            if entry[1] >= 2 and entry[2] and type(entry[0]) is self.ndarray
+            if entry[1] >= 2 and entry[2] and self.handles(type(entry[0]))
         }
         return bool(self.shared)
 
@@ -162,7 +180,7 @@ def reduce_view(array: Any, root: Any) -> tuple[Any, ...] | None:
     a subclass, bytes outside the root), so the caller pickles a copy.
     Negative and zero strides (``a[::-1]``, ``broadcast_to``) are fine.
     """
-    if type(array) is not type(root) or array.dtype.hasobject or root.dtype.hasobject:
+    if array.dtype.hasobject or root.dtype.hasobject:
         return None
     if not (root.flags.c_contiguous or root.flags.f_contiguous):
         return None
@@ -176,10 +194,10 @@ def reduce_view(array: Any, root: Any) -> tuple[Any, ...] | None:
         low, high = (low + span, high) if span < 0 else (low, high + span)
     if low < 0 or high + (array.itemsize if array.size else 0) > root.nbytes:
         return None
-    return (
-        _rebuild_view,
-        (root, offset, array.shape, array.strides, array.dtype, bool(array.flags.writeable)),
-    )
+    view: tuple[Any, ...] = (root, offset, array.shape, array.strides, array.dtype, bool(array.flags.writeable))
+    if type(array) is not sys.modules["numpy"].ndarray:  # a subclass: rebuilt as one
+        return _rebuild_subclass_view, (type(array), *view)
+    return _rebuild_view, view
 
 
 def _owning_copy(array: Any) -> Any:
@@ -190,8 +208,16 @@ def _owning_copy(array: Any) -> Any:
 def _rebuild_view(root: Any, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any, writeable: bool) -> Any:
     import numpy
 
-    buffer = root if root.flags.c_contiguous else root.ravel(order="K")  # F order: same bytes, 1-D
-    view = numpy.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset, strides=strides)
+    return _rebuild_subclass_view(numpy.ndarray, root, offset, shape, strides, dtype, writeable)
+
+
+def _rebuild_subclass_view(
+    kind: type, root: Any, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any, writeable: bool
+) -> Any:
+    import numpy
+
+    buffer = root if root.flags.c_contiguous else numpy.ndarray.ravel(root, order="K")  # F order: same bytes, 1-D
+    view: Any = numpy.ndarray.__new__(kind, shape, dtype=dtype, buffer=buffer, offset=offset, strides=strides)
     if not writeable and view.flags.writeable:
         view.flags.writeable = False
     return view

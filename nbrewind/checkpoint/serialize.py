@@ -147,7 +147,7 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle has no
         self._own_state: dict[type, type | None] = {}
         # Stored values link pandas' copy-on-write references again when loaded; digests
         # keep pandas' own reduction (`pandas_refs`).
-        self._by_type = _BY_TYPE if for_digest else {**_BY_TYPE, **manager_reducers()}
+        self._by_type = dict(_BY_TYPE) if for_digest else {**_BY_TYPE, **manager_reducers()}
 
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
@@ -165,6 +165,8 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle has no
             base = self._own_state[kind]
         except KeyError:
             base = self._own_state[kind] = own_state_base(kind, user_class)
+            if base is None and self._views.ndarray is not None and self._views.handles(kind):
+                self._by_type[kind] = self._views.reduce  # an ndarray subclass (first seen here)
         if base is not None:
             return own_state_reduce(obj, base)
         special = self._by_type.get(kind)

@@ -707,3 +707,38 @@ def test_pandas_digests_do_not_change_with_the_stored_reduction(monkeypatch: pyt
     monkeypatch.setattr(serialize, "manager_reducers", dict)
     assert b"load_manager" not in pickle_group({"df": df}).payload  # type: ignore[union-attr]
     assert digest_value(df) == with_them
+
+
+_SUBCLASS_VIEWS: dict[str, Callable[[], dict[str, Any]]] = {
+    "matrix over an array": lambda: (lambda a: {"root": a, "view": np.asmatrix(a)})(np.zeros((2, 2))),
+    "array over a matrix": lambda: (lambda m: {"root": m, "view": np.asarray(m)})(np.asmatrix(np.ones((2, 2)))),
+    "row of a matrix": lambda: (lambda m: {"root": m, "view": m[1]})(np.asmatrix(np.ones((2, 2)))),
+    "matrix over a Fortran array": lambda: (lambda a: {"root": a, "view": np.asmatrix(a)})(np.asfortranarray(np.zeros((2, 3)))),
+    "recarray over a structured array": lambda: (lambda a: {"root": a, "view": a.view(np.recarray)})(
+        np.zeros(3, dtype=[("x", "f8"), ("y", "i4")])
+    ),
+    "field of a recarray": lambda: (lambda r: {"root": r, "view": r.x})(np.zeros(3, dtype=[("x", "f8"), ("y", "i4")]).view(np.recarray)),
+}
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix is not recommended
+@pytest.mark.parametrize("writer", ["view", "root"])
+@pytest.mark.parametrize("story", list(_SUBCLASS_VIEWS))
+def test_numpy_subclass_views_share_memory_again(story: str, writer: str) -> None:
+    """np.matrix and np.recarray views (and arrays over them) come back as views of the
+    restored root, of their own class: a write through one shows in the other, as live."""
+    live = _SUBCLASS_VIEWS[story]()
+    pickled = pickle_group(live)
+    assert isinstance(pickled, Pickled), pickled
+    back = unpickle_group(pickled.payload, [bytearray(b) for b in pickled.buffers])
+    for ns in (live, back):
+        target = ns[writer]
+        flat = target.reshape(-1) if type(target) is np.ndarray else np.asarray(target).reshape(-1)
+        if flat.dtype.names:
+            flat["x"][0] = 5
+        else:
+            flat[0] = 5
+    for name in ("root", "view"):
+        assert type(back[name]) is type(live[name])
+        assert np.asarray(back[name]).tobytes() == np.asarray(live[name]).tobytes()
+    assert np.shares_memory(back["root"], back["view"])

@@ -935,6 +935,33 @@ def _copy_on_write_patterns() -> list[Pattern]:
     return out
 
 
+# np.matrix warns that it is not recommended (an error under the test run's warning filters).
+_QUIET = "import warnings\nwarnings.simplefilter('ignore', PendingDeprecationWarning)\n"
+_SUBCLASS_VIEWS = (
+    ("matrix_over_an_array", _QUIET + "import numpy as np\na = np.zeros((2, 2))", "v = np.asmatrix(a)", "v[0, 0]", "a[0, 0]"),
+    ("array_over_a_matrix", _QUIET + "import numpy as np\na = np.asmatrix(np.ones((2, 2)))", "v = np.asarray(a)", "v[0, 0]", "a[0, 0]"),
+    ("row_of_a_matrix", _QUIET + "import numpy as np\na = np.asmatrix(np.ones((2, 2)))", "v = a[1]", "v[0, 0]", "a[1, 0]"),
+    ("recarray_over_a_structured_array", "import numpy as np\na = np.zeros(3, dtype=[('x', 'f8'), ('y', 'i4')])", "v = a.view(np.recarray)", "v.x[0]", "a['x'][0]"),
+    ("field_of_a_recarray", "import numpy as np\na = np.zeros(3, dtype=[('x', 'f8'), ('y', 'i4')]).view(np.recarray)", "v = a.x", "v[0]", "a.x[0]"),
+)
+
+
+def _subclass_view_patterns() -> list[Pattern]:
+    """A numpy subclass (`np.matrix`, `np.recarray`) and an array sharing its memory,
+    restored, then written through one of them in an edited cell: stored as copies, the
+    write no longer showed through the other."""
+    out = []
+    for label, make, view, through_view, through_root in _SUBCLASS_VIEWS:
+        for writer, target in (("view", through_view), ("root", through_root)):
+            out.append(pattern(
+                f"numpy_{label}_written_through_the_{writer}",
+                f"{view}, then {target} = ... edited: a restored subclass view was a copy",
+                [make, view, f"{target} = 5\nprint(a)\nprint(v)"],
+                edit={2: f"{target} = 7\nprint(a)\nprint(v)"},
+            ))
+    return out
+
+
 def _patterns() -> list[Pattern]:
     """Every pattern, made on first use (see `__getattr__`)."""
     return [
@@ -1951,6 +1978,7 @@ def _patterns() -> list[Pattern]:
     *_library_call_state_patterns(),
     *_library_object_patterns(),
     *_copy_on_write_patterns(),
+    *_subclass_view_patterns(),
     *(
         pattern(
             f"automagic_name_{name}_shown", f"{name}, a notebook name that is also an IPython alias magic, shown alone: "
