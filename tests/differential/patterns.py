@@ -46,6 +46,7 @@ import sysconfig
 import time
 import warnings
 import zipfile
+import zipimport
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -673,8 +674,9 @@ _SETTING_CODE: list[tuple[str, str, str, str]] = [
      "import pandas as pd\ndef fmt(v):\n    return f'{v:.3f}'\npd.set_option('display.float_format', fmt)", "print(pd.DataFrame({'a': [1.23456]}))"),
     ("pandas_float_format_reads_a_global", "import pandas as pd\nP = 2\npd.set_option('display.float_format', lambda v: f'{v:.{P}f}')",
      "import pandas as pd\nP = 3\npd.set_option('display.float_format', lambda v: f'{v:.{P}f}')", "print(pd.DataFrame({'a': [1.23456]}))"),
-    ("pandas_float_format_partial", "import functools, pandas as pd\npd.set_option('display.float_format', functools.partial(round, ndigits=1))",
-     "import functools, pandas as pd\npd.set_option('display.float_format', functools.partial(round, ndigits=3))", "print(pd.DataFrame({'a': [1.23456]}))"),
+    # A formatter must return text (pandas 3 takes the len() of what it returns).
+    ("pandas_float_format_partial", "import functools, pandas as pd\npd.set_option('display.float_format', functools.partial('{:.{ndigits}f}'.format, ndigits=1))",
+     "import functools, pandas as pd\npd.set_option('display.float_format', functools.partial('{:.{ndigits}f}'.format, ndigits=3))", "print(pd.DataFrame({'a': [1.23456]}))"),
     ("numpy_print_formatter", "import numpy as np\nnp.set_printoptions(formatter={'float': lambda v: f'{v:.1f}'})",
      "import numpy as np\nnp.set_printoptions(formatter={'float': lambda v: f'{v:.3f}'})", "import numpy as np\nprint(np.array([1.23456]))"),
     ("dask_config_function", "import dask\n_ = dask.config.set({'nb.fn': lambda: 1})", "import dask\n_ = dask.config.set({'nb.fn': lambda: 2})",
@@ -2128,6 +2130,11 @@ def purge_local_modules(workdir: Path) -> None:
     for entry in list(sys.path_importer_cache):
         if _under(entry, here):
             del sys.path_importer_cache[entry]
+    # zipimport keeps each archive's listing by its path: a relative "lib.zip" would be the
+    # previous run's archive, which holds other modules.
+    for archive in list(getattr(zipimport, "_zip_directory_cache", {})):
+        if _under(archive, here):
+            del zipimport._zip_directory_cache[archive]
     importlib.invalidate_caches()
 
 

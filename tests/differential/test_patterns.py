@@ -51,6 +51,30 @@ def test_repeat_matches_plain(name: str, tmp_path_factory: pytest.TempPathFactor
     assert not problems, runs.pattern.describe() + "\n\nrepeat of N' differs from a plain run of N':\n" + "\n".join(problems)
 
 
+def _raises_on_purpose(name: str) -> bool:
+    """Stories whose plain run of N' raises by design: the file it removes is no longer made,
+    a task's warning (an error under this test run's warning filters), `Out[N]` of a cell that
+    an inserted cell left without a result."""
+    return (
+        name == "remove_of_a_file_no_longer_made"
+        or name.startswith("task_warns_")
+        or (name.startswith("history_") and name.endswith("_indexed_cell_inserted") and not name.startswith("history_values_"))
+    )
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_plain_run_raises_only_by_design(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A story whose cells raise in every run compares errors and tests nothing: a plain run
+    of N' raises only where the story means it to (a module left in a cache by an earlier
+    story, a library that changed what it accepts, a warning turned into an error)."""
+    runs = runs_for(name, tmp_path_factory)
+    errors = [(i, event[1], event[2][:200]) for i, cell in enumerate(runs.fresh_edited.cells) for event in cell.shown()[2] if event[0] == "error"]
+    if _raises_on_purpose(name):
+        assert errors, f"{name} is meant to raise, but its plain run of N' raised nothing"
+    else:
+        assert not errors, runs.pattern.describe() + f"\n\nthe plain run of N' raised: {errors}"
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_forecast(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Asked before any cell of N' runs, the repeat kernel foresees what it then does."""
