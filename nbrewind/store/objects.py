@@ -249,20 +249,22 @@ class ObjectStore(StagingMixin, RefsMixin, BlobReadsMixin):
 
     # -- reading -------------------------------------------------------------
 
-    def _open(self, digest: str, *, move_corrupt: bool = True) -> tuple[int, frame.FrameHeader, BinaryIO]:
+    def _open(self, digest: str, *, move_corrupt: bool = True) -> tuple[os.stat_result, frame.FrameHeader, BinaryIO]:
+        """The object's file, open at its payload: its ``fstat`` (which file was read, its
+        size) and its decoded header."""
         path = self.path_of(digest)
         try:
             handle = open(path, "rb")
         except FileNotFoundError:
             raise self._not_found(digest) from None
         header = frame.decode_header(handle.read(frame.HEADER_SIZE))
+        seen = os.fstat(handle.fileno())
         if header is None:
-            seen = os.fstat(handle.fileno())
             handle.close()
             raise self._corrupt(
                 digest, "missing or unknown header, the file is truncated or foreign", move=move_corrupt, seen=seen
             )
-        return os.fstat(handle.fileno()).st_size, header, handle
+        return seen, header, handle
 
     def _not_found(self, digest: str) -> ObjectNotFoundError:
         return ObjectNotFoundError(
@@ -271,9 +273,8 @@ class ObjectStore(StagingMixin, RefsMixin, BlobReadsMixin):
         )
 
     def _read(self, digest: str, *, move_corrupt: bool = True) -> tuple[bytes, frame.FrameHeader]:
-        size, header, handle = self._open(digest, move_corrupt=move_corrupt)
+        seen, header, handle = self._open(digest, move_corrupt=move_corrupt)
         with handle:
-            seen = os.fstat(handle.fileno())
             payload = handle.read()
         if header.codec == frame.CODEC_ZSTD:
             try:
@@ -341,7 +342,7 @@ class ObjectStore(StagingMixin, RefsMixin, BlobReadsMixin):
         if verify:
             content, _ = self._read(digest, move_corrupt=move_corrupt)
             return decode_tree(content)
-        _, header, handle = self._open(digest, move_corrupt=move_corrupt)
+        seen, header, handle = self._open(digest, move_corrupt=move_corrupt)
         with handle:
             if header.kind == frame.KIND_TREE:
                 start = TREE_MAGIC  # read it in full below
@@ -353,7 +354,7 @@ class ObjectStore(StagingMixin, RefsMixin, BlobReadsMixin):
                         start = stream.read(len(TREE_MAGIC))
                 except zstandard.ZstdError as exc:
                     raise self._corrupt(
-                        digest, f"compressed data cannot be decoded: {exc}", move=move_corrupt, seen=os.fstat(handle.fileno())
+                        digest, f"compressed data cannot be decoded: {exc}", move=move_corrupt, seen=seen
                     ) from None
         if start != TREE_MAGIC:
             return None
@@ -388,10 +389,10 @@ class ObjectStore(StagingMixin, RefsMixin, BlobReadsMixin):
 
     def logical_size(self, digest: str) -> int | None:
         """The object's decoded size, from its header (None if it cannot be told)."""
-        stored, header, handle = self._open(digest, move_corrupt=False)
+        seen, header, handle = self._open(digest, move_corrupt=False)
         with handle:
             head = handle.read(32)
-        return frame.content_size(header.codec, stored, head)
+        return frame.content_size(header.codec, seen.st_size, head)
 
     def delete(self, digest: str) -> bool:
         """Remove an object; return whether it was there."""
