@@ -373,6 +373,9 @@ def run_scenario(
     source = NOTEBOOK_DIR / f"{item.name}.ipynb"
     folder, fresh = work / f"s-{scenario.name}", work / f"s-{scenario.name}-fresh"
     shutil.copytree(rec, folder, ignore=shutil.ignore_patterns("*.out.ipynb"))
+    # A store written earlier is on disk; a copy made just now is in the page cache, and the
+    # repeat's first durability barrier would flush it, the copied input files included.
+    os.sync()
     fresh.mkdir()
     nb = folder / f"{item.name}.ipynb"
     store = folder / f"{item.name}.ipynb.nbrewind"

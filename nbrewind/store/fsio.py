@@ -14,10 +14,15 @@ may leave one empty or missing. Such writes append a byte to ``UNSYNCED_MARKER``
 after their rename and carry ``DEFERRED_MODE_BIT`` in their file mode.
 :func:`durability_barrier` makes them durable with one ``syncfs`` of the store's
 filesystem, and must run before any catalog row that could point at them is
-committed. It syncs when the marker grew since this process last synced, or when
+committed. It syncs when the marker changed since this process last synced, or when
 :func:`note_suspect` reported that a put found a deferred file present: the
 deduplication trap, where a checkpoint ``put`` that finds a task-written object
 writes nothing, so its own fsync never covers it. Neither test reads a clock.
+
+A barrier that synced leaves the marker's state it covered in ``SYNCED_NOTE``, so a
+later process (the next kernel on the store) does not sync again for writes an earlier
+one already made durable. The note is written after the sync returned: if it survives a
+crash, so did every write it counts.
 """
 
 from __future__ import annotations
@@ -46,14 +51,16 @@ UNSYNCED_MARKER = ".unsynced"
 DEFERRED_MODE_BIT = stat.S_IXUSR
 """Set in the mode of a file a deferred write made: a put that finds it present cannot
 tell whether a barrier has covered it yet, so it makes the next barrier sync."""
+SYNCED_NOTE = ".unsynced.synced"
+"""File beside ``UNSYNCED_MARKER``: the marker's state (inode, size, ctime) a barrier covered."""
 _MARKER_LIMIT = 1 << 20
-_NEVER = (-1, -1)
+_NEVER = (-1, -1, -1)
 
 _local = threading.local()
 _barrier_lock = threading.Lock()
-# Per store root: the marker's (inode, size) when this process last synced, and
+# Per store root: the marker's (inode, size, ctime) when this process last synced, and
 # whether a put since then met a deferred object.
-_synced_marker: dict[str, tuple[int, int] | None] = {}
+_synced_marker: dict[str, tuple[int, int, int] | None] = {}
 _suspect: set[str] = set()
 
 _FULL = {errno.ENOSPC, errno.EDQUOT}
@@ -205,12 +212,38 @@ def _syncfs(fd: int) -> None:
     os.sync()
 
 
-def _marker_state(root: Path) -> tuple[int, int] | None:
+def _marker_state(root: Path) -> tuple[int, int, int] | None:
+    # The ctime makes a marker recreated on a reused inode number another state.
     try:
         info = os.stat(Path(root) / UNSYNCED_MARKER)
     except FileNotFoundError:
         return None
-    return info.st_ino, info.st_size
+    return info.st_ino, info.st_size, info.st_ctime_ns
+
+
+def _noted_state(root: Path) -> tuple[int, int, int] | None:
+    """The marker state some process's barrier last covered (``SYNCED_NOTE``), if readable."""
+    try:
+        fields = (Path(root) / SYNCED_NOTE).read_text(encoding="ascii").split()
+        ino, size, ctime = (int(f) for f in fields)
+    except (OSError, ValueError):
+        return None
+    return ino, size, ctime
+
+
+def _note_synced(root: Path, state: tuple[int, int, int]) -> None:
+    # Atomic (a reader sees the old note or the new one) but not fsynced: a note lost in a
+    # crash only costs the next process one more sync.
+    path = Path(root) / SYNCED_NOTE
+    tmp = path.with_name(f"{TEMP_PREFIX}{SYNCED_NOTE}-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        tmp.write_text("%d %d %d\n" % state, encoding="ascii")
+        os.replace(tmp, path)
+    except OSError:  # another user's store, a full disk: the note is only a saving
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
 
 
 def durability_barrier(root: Path) -> bool:
@@ -229,6 +262,9 @@ def durability_barrier(root: Path) -> bool:
         if state is None or state == _synced_marker.get(key, _NEVER):
             if key not in _suspect:
                 return False
+        elif key not in _suspect and state == _noted_state(root):
+            _synced_marker[key] = state  # another process's barrier covered every write counted
+            return False
         _suspect.discard(key)
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
@@ -245,6 +281,8 @@ def durability_barrier(root: Path) -> bool:
             else:
                 # A writer may have appended to the old file after the sync: sync once more next time.
                 _suspect.add(key)
+        elif state is not None:
+            _note_synced(root, state)
         return True
 
 

@@ -137,6 +137,47 @@ def test_the_marker_tells_the_barrier_of_another_process_writes(tmp_path: Path, 
     assert not objects.barrier()
 
 
+def _deferred_put_in_another_process(root: Path, content: bytes, *, barrier: bool) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from pathlib import Path; from nbrewind.store import ObjectStore, fsio\n"
+        "o = ObjectStore(Path(sys.argv[1]))\n"
+        "with fsio.deferred_sync(o.root):\n    o.put(sys.argv[2].encode())\n"
+        "if sys.argv[3] == 'barrier':\n    assert o.barrier()\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(root), content.decode(), "barrier" if barrier else "-"], check=True)
+
+
+def test_a_new_process_trusts_the_sync_another_process_noted(tmp_path: Path, syncs: Syncs) -> None:
+    """The next kernel on a store does not sync again for task results an earlier kernel's
+    barrier already made durable; a write after that barrier, or a copied store, syncs."""
+    objects = ObjectStore(tmp_path / "store")
+    _deferred_put_in_another_process(objects.root, b"result one", barrier=True)
+    assert (objects.root / fsio.SYNCED_NOTE).is_file()
+    assert not objects.barrier() and syncs.syncfs == 0
+    _deferred_put_in_another_process(objects.root, b"result two", barrier=False)
+    assert objects.barrier() and syncs.syncfs == 1  # written after the noted sync
+    assert not objects.barrier() and syncs.syncfs == 1
+
+    import shutil
+
+    copy = ObjectStore(Path(shutil.copytree(objects.root, tmp_path / "copy")))
+    assert (copy.root / fsio.SYNCED_NOTE).is_file()  # names the original marker's inode
+    assert copy.barrier() and syncs.syncfs == 2  # the copy's writes were never synced
+
+
+def test_a_damaged_sync_note_means_a_sync(tmp_path: Path, syncs: Syncs) -> None:
+    objects = ObjectStore(tmp_path / "store")
+    _deferred_put_in_another_process(objects.root, b"result", barrier=True)
+    (objects.root / fsio.SYNCED_NOTE).write_text("not a state")
+    assert objects.barrier() and syncs.syncfs == 1
+    assert (objects.root / fsio.SYNCED_NOTE).read_text().split() == [
+        str(v) for v in fsio._marker_state(objects.root) or ()
+    ]
+
+
 def test_a_lost_deferred_entry_is_a_miss_not_a_hit(tmp_path: Path) -> None:
     """Power lost before the barrier: a ref that survived may name an emptied entry."""
     cache = TaskCache(tmp_path / "store")
