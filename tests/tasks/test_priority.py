@@ -582,6 +582,34 @@ def test_cancelling_the_rest_of_a_chain_releases_its_link() -> None:
         assert stats["held"] == 0 and stats["nthreads"] == 1, stats
 
 
+def _task_modules_loaded() -> bool:
+    from nbrewind.tasks.priority.worker_side import TASK_MODULES
+
+    return all(name in sys.modules for name in TASK_MODULES)
+
+
+def _task_modules_loaded_soon() -> bool:
+    for _ in range(600):
+        if _task_modules_loaded():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@needs_cluster
+def test_a_worker_process_imports_the_task_modules_before_its_first_task() -> None:
+    """The worker half of the plugin loads what a rewritten graph's first task imports, in
+    the background, so that task does not pay for it (a real worker process)."""
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        assert list(client.run(_task_modules_loaded).values()) == [False]
+        install(client)
+        assert list(client.run(_task_modules_loaded_soon).values()) == [True]
+        assert list(client.run(lambda: "nbrewind.tasks.resume" in sys.modules).values()) == [True]
+
+
 @needs_cluster
 @pytest.mark.usefixtures("no_plugin_errors")
 def test_tearing_the_worker_plugin_down_gives_the_threads_back() -> None:

@@ -15,6 +15,8 @@ imports dask at import time (one event class, when a kick runs).
 from __future__ import annotations
 
 import asyncio
+import importlib
+import threading
 import time
 from collections import deque
 from collections.abc import Hashable, Iterable
@@ -85,10 +87,12 @@ class WorkerSide:
         self.hold_timeout = HOLD_TIMEOUT
 
     def setup(self, worker: Any) -> None:
-        """Install the stream handler on a worker."""
+        """Install the stream handler on a worker, and start importing what its first
+        task of a rewritten graph will need (:func:`warm_task_modules`)."""
         self.worker = worker
         self._threads = worker.state.nthreads
         worker.stream_handlers[WORKER_OP] = self.handle_prioritize
+        warm_task_modules()
 
     def teardown(self, worker: Any) -> None:
         """Remove the stream handler; end every reservation (``nthreads`` as it was)."""
@@ -274,3 +278,25 @@ class WorkerSide:
         finally:
             self._lifting = False
             self._apply()
+
+
+#: What a task of a rewritten graph imports on a worker: the task cache's runner and store
+#: (through ``resume``) and jupyter_core's paths (the signing secret's folder).
+TASK_MODULES = ("nbrewind.tasks.resume", "jupyter_core.paths")
+
+
+def warm_task_modules() -> None:
+    """Import :data:`TASK_MODULES` in a daemon thread, while the worker waits for work.
+
+    The first task of a rewritten graph would otherwise import them itself (about 70 ms
+    per worker process, on every worker at once). A task that starts before the thread is
+    done waits only for the rest (the import lock of each module)."""
+    threading.Thread(target=_import_task_modules, name="nbrewind-warm-imports", daemon=True).start()
+
+
+def _import_task_modules() -> None:
+    for name in TASK_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # the task that needs it will meet the same error and report it
+            return
