@@ -26,6 +26,8 @@ from differential.inprocess import RunOutcome, run_cells
 from differential.known_bugs import FIDELITY_BUGS, MINIMAL_WORK_BUGS, Bug, expected_failures
 
 FAST_SEEDS = range(0, 120)
+"""Seeds every CI run checks: the first half in the default run, the rest in the long step."""
+LONG_FROM = 60
 SLOW_SEEDS = range(120, 600)
 
 
@@ -118,6 +120,13 @@ def _params(seeds: range, bugs: list[Bug], *marks: pytest.MarkDecorator) -> list
     return out
 
 
+def _fast_params(bugs: list[Bug]) -> list[Any]:
+    """The fast seeds: those from ``LONG_FROM`` on marked ``long`` (CI's own step)."""
+    return _params(range(FAST_SEEDS.start, LONG_FROM), bugs) + _params(
+        range(LONG_FROM, FAST_SEEDS.stop), bugs, pytest.mark.long
+    )
+
+
 def check_fidelity(seed: int, factory: pytest.TempPathFactory) -> None:
     runs = runs_for(seed, factory)
     _keep_determined_rngs(runs.case, runs.repeat, runs.fresh_edited)
@@ -152,19 +161,19 @@ def check_minimal_work(seed: int, factory: pytest.TempPathFactory) -> None:
             assert runs.repeat.cells[index].decision == "executed", f"edited cell {index} was replayed"
 
 
-@pytest.mark.parametrize("seed", _params(FAST_SEEDS, FIDELITY_BUGS))
+@pytest.mark.parametrize("seed", _fast_params(FIDELITY_BUGS))
 def test_fidelity(seed: int, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Repeat of N' after auditing N == a plain run of N' (outputs, namespace, hidden state)."""
     check_fidelity(seed, tmp_path_factory)
 
 
-@pytest.mark.parametrize("seed", _params(FAST_SEEDS, []))
+@pytest.mark.parametrize("seed", _fast_params([]))
 def test_audit_is_transparent(seed: int, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Auditing N looks exactly like a plain run of N."""
     check_audit_transparent(seed, tmp_path_factory)
 
 
-@pytest.mark.parametrize("seed", _params(FAST_SEEDS, MINIMAL_WORK_BUGS))
+@pytest.mark.parametrize("seed", _fast_params(MINIMAL_WORK_BUGS))
 def test_minimal_work(seed: int, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Cells before the first real edit replay; a cosmetic edit replays every cell."""
     check_minimal_work(seed, tmp_path_factory)
@@ -187,7 +196,7 @@ def check_forecast(seed: int, factory: pytest.TempPathFactory) -> None:
     assert not wrong, runs.case.describe() + "\n\nthe forecast was wrong:\n" + "\n".join(wrong)
 
 
-@pytest.mark.parametrize("seed", _params(FAST_SEEDS, []))
+@pytest.mark.parametrize("seed", _fast_params([]))
 def test_forecast(seed: int, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Asked before any cell of N' runs, the repeat kernel foresees what it then does."""
     check_forecast(seed, tmp_path_factory)

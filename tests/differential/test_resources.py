@@ -19,6 +19,8 @@ from differential.resources import RESOURCE_FAMILIES, make_resource_case
 from differential.test_inprocess import differences, forecast_errors
 
 FAST = range(0, 36)
+"""Every CI run: seeds below ``LONG_FROM`` in the default run, the rest in the long step."""
+LONG_FROM = 18
 SLOW = range(36, 240)
 
 
@@ -41,7 +43,10 @@ def check(seed: int, factory: pytest.TempPathFactory) -> None:
     assert not wrong, case.describe() + "\n\nthe forecast was wrong:\n" + "\n".join(wrong)
 
 
-@pytest.mark.parametrize("seed", FAST, ids=[f"resources_{s}" for s in FAST])
+@pytest.mark.parametrize(
+    "seed",
+    [pytest.param(s, id=f"resources_{s}", marks=[pytest.mark.long] if s >= LONG_FROM else []) for s in FAST],
+)
 def test_resource_life(seed: int, tmp_path_factory: pytest.TempPathFactory) -> None:
     check(seed, tmp_path_factory)
 
