@@ -13,7 +13,10 @@ Before a graph is rewritten, `changed_reads` names the fingerprints whose record
 longer hold; those tasks and every task downstream of them run uncached.
 
 Not seen: files opened in native code (pyarrow's C++ readers on a worker process), by threads
-the task starts, or by another process; reads of library and store files are not the task's.
+the task starts, or by another process; reads of library and store files are not the task's,
+nor those under ``/proc``, ``/sys`` and ``/dev`` (the kernel's own file tracker leaves them out
+too): they describe the running system, not data, and a garbage collection during the task
+runs distributed's callback that reads the worker's ``/proc/<pid>/statm`` on the task's thread.
 The audit hook, once added, stays for the life of the process (the interpreter cannot remove
 one); outside a recording task it returns at once.
 """
@@ -44,6 +47,13 @@ _local = threading.local()
 _hook_added = False
 _hook_lock = threading.Lock()
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+_SYSTEM_ROOTS = ("/proc", "/sys", "/dev")
+_SYSTEM_PREFIXES = tuple(root + "/" for root in _SYSTEM_ROOTS)
+
+
+def _system(path: str) -> bool:
+    """Whether an absolute ``path`` lies under ``/proc``, ``/sys`` or ``/dev``."""
+    return path.startswith(_SYSTEM_PREFIXES) or path in _SYSTEM_ROOTS
 
 
 class _Reads:
@@ -64,7 +74,7 @@ def _hook(event: str, args: tuple[Any, ...]) -> None:
             return
         write = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (isinstance(flags, int) and flags & _WRITE_FLAGS)
         where = _absolute(path)
-        if where is None or where.startswith(reads.skip):
+        if where is None or where.startswith(reads.skip) or _system(where):
             return
         if write:
             reads.written.add(where)
@@ -74,7 +84,7 @@ def _hook(event: str, args: tuple[Any, ...]) -> None:
         if sys._getframe(1).f_code.co_filename.startswith("<frozen importlib"):
             return  # the import system filling its cache of a sys.path folder: which module an import finds is read as its file
         where = _absolute(args[0] if args and args[0] is not None else ".")
-        if where is not None and not where.startswith(reads.skip):
+        if where is not None and not where.startswith(reads.skip) and not _system(where):
             reads.dirs[where] = None
 
 

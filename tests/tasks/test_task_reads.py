@@ -30,3 +30,33 @@ def test_a_module_imported_from_its_cache_is_recorded_as_its_source(tmp_path: Pa
     assert recorded is not None
     assert list(recorded["files"]) == ["nbr_reads_mod.py"]
     assert recorded["dirs"] == {}
+
+
+def test_reads_of_the_running_system_are_not_the_tasks(tmp_path: Path, monkeypatch) -> None:
+    """``/proc``, ``/sys`` and ``/dev`` describe the running system: a worker's garbage
+    collection reads ``/proc/<pid>/statm`` on the task's thread (distributed's gc callback),
+    and recording it made the cell that computed the task run again on every repeat."""
+    import gc
+
+    data = tmp_path / "data.txt"
+    data.write_text("1")
+    monkeypatch.chdir(tmp_path)
+
+    def statm(phase: str, info: dict) -> None:
+        with open(f"/proc/{os.getpid()}/statm") as handle:
+            handle.read()
+
+    gc.callbacks.append(statm)
+    try:
+        with recording_reads() as reads:
+            gc.collect()
+            os.listdir("/proc/self/fd")
+            with open("/dev/null") as handle:
+                handle.read()
+            data.read_text()
+    finally:
+        gc.callbacks.remove(statm)
+    recorded = digest_reads(reads)
+    assert recorded is not None
+    assert list(recorded["files"]) == ["data.txt"]
+    assert recorded["dirs"] == {}
