@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from nbrewind.checkpoint.world import listing_key, stat_key
-from nbrewind.identity.files import file_digest, quiet_reads
+from nbrewind.identity.files import SYSTEM_ROOTS, file_digest, quiet_reads
 
 __all__ = [
     "FileTracker",
@@ -221,7 +221,7 @@ def _access(mode: object, flags: object) -> tuple[bool, bool]:
 
 def default_exclusions() -> list[str]:
     """Roots whose opens are never a cell's data: the interpreter and system trees."""
-    roots = {"/proc", "/dev", "/sys"}
+    roots = set(SYSTEM_ROOTS)
     for scheme_vars in ({}, {"base": sys.base_prefix, "platbase": sys.base_prefix}):
         paths = sysconfig.get_paths(vars=scheme_vars)
         for key in ("stdlib", "platstdlib", "purelib", "platlib"):

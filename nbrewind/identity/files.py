@@ -20,7 +20,11 @@ import xxhash
 if TYPE_CHECKING:
     from nbrewind.identity.memo import DigestMemo
 
-__all__ = ["file_digest", "listing_digest", "quiet_reads", "quietly", "read_file", "remembering"]
+__all__ = ["SYSTEM_ROOTS", "file_digest", "listing_digest", "quiet_reads", "quietly", "read_file", "remembering"]
+
+SYSTEM_ROOTS = ("/dev", "/proc", "/sys")
+"""Folders whose files describe the running system, not a notebook's data: neither a cell's
+reads and writes (`nbrewind.checkpoint.hidden`) nor a task's (`nbrewind.tasks.reads`)."""
 
 # Bound at import: a cell may run with os.stat wrapped (file metadata tracking), and
 # NBRewind's own stats must not be recorded as the cell's.

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from nbrewind.identity.files import file_digest, listing_digest, quiet_reads, quietly
+from nbrewind.identity.files import SYSTEM_ROOTS, file_digest, listing_digest, quiet_reads, quietly
 from nbrewind.identity.modules import library_kind
 from nbrewind.store.objects import ObjectStore
 from nbrewind.tasks.results import read_entry
@@ -47,13 +47,12 @@ _local = threading.local()
 _hook_added = False
 _hook_lock = threading.Lock()
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-_SYSTEM_ROOTS = ("/proc", "/sys", "/dev")
-_SYSTEM_PREFIXES = tuple(root + "/" for root in _SYSTEM_ROOTS)
+_SYSTEM_PREFIXES = tuple(root + "/" for root in SYSTEM_ROOTS)
 
 
 def _system(path: str) -> bool:
     """Whether an absolute ``path`` lies under ``/proc``, ``/sys`` or ``/dev``."""
-    return path.startswith(_SYSTEM_PREFIXES) or path in _SYSTEM_ROOTS
+    return path.startswith(_SYSTEM_PREFIXES) or path in SYSTEM_ROOTS
 
 
 class _Reads:
