@@ -9,6 +9,9 @@ and the folders it lists are noted, through the interpreter's audit events, on t
 thread, and stored with its result (`digest_reads`): ``{"files": {path: digest}, "dirs":
 {path: listing digest}}``, paths relative to the working folder where under it, else absolute. Such a result also gets a ref in
 :data:`READS_REFS`, so a lookup knows which fingerprints to check without reading every entry.
+A task that read only files its fingerprint names, with the digests the fingerprint embeds
+(`clean(path)`, the common case: `covered_by`), gets neither: an edit of those files already
+changes its fingerprint.
 Before a graph is rewritten, `changed_reads` names the fingerprints whose recorded reads no
 longer hold; those tasks and every task downstream of them run uncached.
 
@@ -36,7 +39,7 @@ from nbrewind.identity.modules import library_kind
 from nbrewind.store.objects import ObjectStore
 from nbrewind.tasks.results import read_entry
 
-__all__ = ["READS_REFS", "changed_reads", "digest_reads", "recording_reads", "reads_hold"]
+__all__ = ["READS_REFS", "changed_reads", "covered_by", "digest_reads", "recording_reads", "reads_hold"]
 
 READS_REFS = "task-reads"
 """Ref namespace: fingerprint -> result entry, for results whose record holds ``reads``."""
@@ -151,6 +154,18 @@ def _digest_reads(reads: _Reads) -> dict[str, dict[str, str]] | None:
     if not files and not dirs:
         return None
     return {"files": files, "dirs": dirs}
+
+
+def covered_by(recorded: Mapping[str, Any], files: Iterable[tuple[str, str]]) -> bool:
+    """Whether a task's fingerprint already embeds everything ``recorded`` (`digest_reads`)
+    holds: it listed no folder, and each file it read is one of the fingerprint's ``files``
+    (absolute path, digest) with the same digest now. Such a record would only repeat the
+    fingerprint's own check at the next lookup; a file that changed between submission and
+    the read keeps it."""
+    if recorded.get("dirs"):
+        return False
+    known = dict(files)
+    return all(known.get(os.path.abspath(path)) == digest for path, digest in recorded.get("files", {}).items())
 
 
 def _source_of(path: str) -> str:

@@ -40,7 +40,7 @@ from nbrewind.tasks.remote import (
     sees_store,
     stash_result,
 )
-from nbrewind.tasks.reads import READS_REFS, digest_reads, recording_reads
+from nbrewind.tasks.reads import READS_REFS, covered_by, digest_reads, recording_reads
 from nbrewind.tasks.results import TaskCacheError, load_entry, store_result
 
 __all__ = ["REF_NAMESPACE", "TaskSpec", "compute_and_store", "load_result", "object_store"]
@@ -155,6 +155,8 @@ def _try_store(spec: TaskSpec, value: object, duration: float, reads: Any = None
     if spec.files:
         record["files"] = dict(spec.files)
     read = digest_reads(reads) if reads is not None else None
+    if read is not None and covered_by(read, spec.files):
+        read = None  # it read only files its fingerprint names (`clean(path)`): nothing more to check
     if read is not None:
         record["reads"] = read
     try:

@@ -91,6 +91,11 @@ def read(path):
     with open(path) as f:
         return f.read()
 
+def read_in(folder):
+    tick("read_in")
+    with open(os.path.join(folder, "data.txt")) as f:
+        return f.read()
+
 def length(text):
     tick("length")
     return len(text)
@@ -351,6 +356,43 @@ def test_a_hit_reports_the_files_recorded_with_the_result(
     plain = TaskLogEntry(fingerprint=hit[0].fingerprint, result_digest=hit[0].result_digest)
     assert other.file_inputs([plain]) == {str(data): file_digest(data)}
     assert other.file_inputs([dataclasses.replace(plain, result_digest=None)]) == {}
+
+
+def test_reads_the_fingerprint_covers_are_not_recorded_again(
+    cache: TaskCache, calls: Calls, ns: dict[str, Any], tmp_path: Path
+) -> None:
+    """A task that read only the file its argument names (`clean(path)`) stores no reads
+    record and no reads ref: an edit of that file changes its fingerprint. One that builds
+    the path while it runs keeps both, and misses once the file changed."""
+    from nbrewind.tasks.reads import READS_REFS
+    from nbrewind.tasks.results import read_entry
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    data = folder / "data.txt"
+    data.write_text("first")
+    named = dask.delayed(ns["read"])(str(data))
+    built = dask.delayed(ns["read_in"])(str(folder))
+    assert threaded(named, built) == ("first", "first")
+    rows = {r.key_prefix: r for r in cache.drain_log()}
+    objects = cache.objects
+    metas = {k: read_entry(objects, r.result_digest)[1] for k, r in rows.items() if r.result_digest}
+    assert set(metas) == {"read", "read_in"}
+    assert "reads" not in metas["read"]
+    assert metas["read"]["files"] == {str(data): file_digest(data)}
+    recorded = metas["read_in"]["reads"]["files"]  # relative to the working folder where under it
+    assert {os.path.abspath(p): d for p, d in recorded.items()} == {str(data): file_digest(data)}
+    with_reads = {name for name, _ in objects.iter_refs(READS_REFS)}
+    assert rows["read_in"].fingerprint in with_reads
+    assert rows["read"].fingerprint not in with_reads
+    # Both still rest on the file for the cell's key.
+    assert rows["read"].file_inputs == rows["read_in"].file_inputs == {str(data): file_digest(data)}
+
+    assert threaded(named, built) == ("first", "first")
+    assert calls.take() == {"read": 1, "read_in": 1}  # the first run only
+    data.write_text("second")
+    assert threaded(dask.delayed(ns["read"])(str(data)), built) == ("second", "second")
+    assert calls.take() == {"read": 1, "read_in": 1}
 
 
 def test_drained_rows_are_accepted_by_the_catalog(cache: TaskCache, ns: dict[str, Any], tmp_path: Path) -> None:
