@@ -98,6 +98,30 @@ def write_variant(source: Path, target: Path, scale: float, edits: tuple[tuple[s
     nbformat.write(nb, str(target))
 
 
+_TRACEBACK_LINE = re.compile(
+    r"^(Traceback \(most recent call last\):|\s|$|The above exception was|During handling of the above exception"
+    r"|[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b)"
+)
+
+
+def strip_log_records(stderr: str) -> str:
+    """``stderr`` without NBRewind's own notes and without the log records of libraries
+    (distributed's timestamped lines), each with the traceback it carries: a cluster
+    shutting down may log a closed connection in one run and not in another. Any other
+    text, a traceback the notebook printed included, is kept."""
+    kept: list[str] = []
+    in_record = False
+    for line in stderr.splitlines(True):
+        if line.startswith("NBRewind:") or _LOG_LINE.match(line):
+            in_record = not line.startswith("NBRewind:")
+            continue
+        if in_record and _TRACEBACK_LINE.match(line):
+            continue
+        in_record = False
+        kept.append(line)
+    return "".join(kept)
+
+
 def normalized_outputs(path: Path) -> list[list[Any]]:
     """Per code cell, its outputs with only the legitimately varying parts normalized."""
     import nbformat
@@ -112,8 +136,7 @@ def normalized_outputs(path: Path) -> list[list[Any]]:
             if kind == "stream":
                 text = o.text
                 if o.name == "stderr":
-                    lines = [ln for ln in text.splitlines(True) if not ln.startswith("NBRewind:") and not _LOG_LINE.match(ln)]
-                    text = "".join(lines)
+                    text = strip_log_records(text)
                 if text:
                     items.append(["stream", o.name, _normalize_text(text)])
             elif kind in ("execute_result", "display_data"):
