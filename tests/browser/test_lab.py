@@ -154,6 +154,14 @@ class Journey:
             time.sleep(0.1)
         raise AssertionError(f"prompts are {seen}, expected {expected}:\n{self.server.log_tail()}")
 
+    def wait_prompt(self, index: int, expected: str, timeout: float = RUN_TIMEOUT_S) -> None:
+        """Wait until cell `index`'s input prompt reads `expected` (the count comes with the
+        execute reply, after the cell's outputs)."""
+        deadline = time.monotonic() + timeout
+        while self.prompts()[index] != expected and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert self.prompts()[index] == expected, self.server.log_tail()
+
     def output_text(self, index: int) -> str:
         texts = self.cells().nth(index).locator(".jp-OutputArea-output").all_inner_texts()
         return "\n".join(text.strip() for text in texts if text.strip())
@@ -257,7 +265,7 @@ def test_out_of_order_run_interrupt_and_restart_keep_the_store_beside_the_notebo
     journey.menu("Run", "notebook:run-cell", "Run Selected Cell and Do not Advance")
     count = len(CELLS) + 1
     journey.page.get_by_text("summary: 305").wait_for()
-    assert journey.prompts()[late] == f"[{count}]:"
+    journey.wait_prompt(late, f"[{count}]:")
     # A long cell, interrupted from the Kernel menu, then removed.
     journey.select(len(CELLS) - 1)
     journey.page.locator('.jp-NotebookPanel-toolbar [data-command="notebook:insert-cell-below"]').click()
@@ -282,10 +290,7 @@ def test_out_of_order_run_interrupt_and_restart_keep_the_store_beside_the_notebo
     journey.wait_kernel("nbrewind-audit", after=0.5)
     journey.select(0)
     journey.menu("Run", "notebook:run-cell", "Run Selected Cell and Do not Advance")
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while journey.prompts()[0] != "[1]:" and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert journey.prompts()[0] == "[1]:"
+    journey.wait_prompt(0, "[1]:")
 
     rows = wait_for_rows(journey.store_path, len(CELLS) + 3)
     first, *_ = rows
