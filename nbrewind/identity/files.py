@@ -8,6 +8,7 @@ they agree on what "the same file" means.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import stat
 import threading
@@ -160,8 +161,9 @@ def file_digest(path: str | os.PathLike[str]) -> str | None:
     return digest
 
 
-def read_file(path: str | os.PathLike[str]) -> tuple[bytes, str]:
-    """A regular file's bytes and their `file_digest`, from one read.
+def read_file(path: str | os.PathLike[str]) -> tuple[bytes | mmap.mmap, str]:
+    """A regular file's bytes and their `file_digest`, from one read, in a buffer the
+    caller owns (`nbrewind.store.reads.read_whole`).
 
     The digest is remembered for the file's stat only if the stat is the same before and
     after the read (the file did not change while it was read), so a later
@@ -169,8 +171,10 @@ def read_file(path: str | os.PathLike[str]) -> tuple[bytes, str]:
     """
     absolute = os.path.abspath(os.fspath(path))
     before = _stat(absolute)
-    with quietly(), open(absolute, "rb") as handle:
-        data = handle.read()
+    from nbrewind.store.reads import read_whole  # here: workers hash files without the store's readers
+
+    with quietly(), open(absolute, "rb", buffering=0) as handle:
+        data = read_whole(handle)
     digest = xxhash.xxh3_128_hexdigest(data)
     after = _stat(absolute)
     if stat.S_ISREG(after.st_mode) and _key(absolute, after) == _key(absolute, before):

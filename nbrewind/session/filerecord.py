@@ -107,7 +107,7 @@ class WrittenFiles:
                 continue  # made and removed by the cell: nothing on disk changed
             if os.path.isfile(path):
                 data, key = read_file(path)  # one read gives both the stored bytes and the key
-                blob = self._objects.stage_blob(data)
+                blob = self._objects.stage_blob(data, owned=True)
                 draft.staged.append(blob)
                 draft.written += blob.new_bytes
                 changed[pseudo.name(Pseudo.FILE, relpath)] = Entry(blob.digest, HIDDEN, key, (), {"what": "file", "path": relpath})

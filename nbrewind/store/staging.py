@@ -117,7 +117,7 @@ class StagingMixin:
         with self._count_lock:
             return self._held_bytes
 
-    def stage_blob(self, buf: object) -> StagedBlob:
+    def stage_blob(self, buf: object, *, owned: bool = False) -> StagedBlob:
         """Hash ``buf`` as ``put_blob`` would and note the chunks the store lacks.
 
         Nothing is copied yet: the new chunks are views of ``buf`` until ``protect``
@@ -127,11 +127,13 @@ class StagingMixin:
         background thread, then writes them. A chunk another staged blob already
         holds is shared, and counted once. The bytes held are bounded by
         ``staging_budget``: a chunk that would exceed it is written and fsynced here
-        instead. Immutable ``bytes`` need no protection.
+        instead. Immutable ``bytes`` need no protection, nor does a buffer the caller
+        hands over (``owned``: nothing else holds or changes it, such as a file read by
+        `nbrewind.store.reads.read_whole`).
         """
         self._check_writable()
         view = as_bytes_view(buf)
-        immutable = view.readonly and type(view.obj) is bytes
+        immutable = owned or (view.readonly and type(view.obj) is bytes)
         chunks: list[str] = []
         held: list[str] = []
         new_bytes = 0

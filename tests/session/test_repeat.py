@@ -435,3 +435,20 @@ def test_an_unrecorded_request_runs_after_the_state_replayed_cells_left(runner: 
     assert not plan.record
     session.shell.run_cell(code, store_history=how != "no-history")
     assert runner.ns["y"] == expected
+
+
+def test_a_big_file_rewritten_by_the_next_cell_is_stored_as_each_cell_wrote_it(runner: Runner) -> None:
+    """The first cell's 6 MB file is captured into memory of its own before the reply, so
+    the next cell rewriting it in place while the writer stores it changes nothing stored."""
+    cells = [
+        "import xxhash\nwith open('big.bin', 'wb') as h:\n    h.write(bytes(range(256)) * (6 << 12))",
+        "with open('big.bin', 'rb') as h:\n    seen = xxhash.xxh3_64_hexdigest(h.read())\nwith open('big.bin', 'wb') as h:\n    h.write(b'B' * (6 << 20))",
+    ]
+    runner.run(cells)
+    first = runner.ns["seen"]
+    Path("big.bin").unlink()
+    edited = [cells[0], cells[1].replace("seen =", "seen = again =")]
+    out = runner.run(edited, "repeat")
+    assert decisions(out) == ["R", "E"]
+    assert runner.ns["again"] == first
+    assert Path("big.bin").read_bytes() == b"B" * (6 << 20)

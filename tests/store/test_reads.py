@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 import warnings
@@ -223,3 +224,51 @@ def test_copy_releasing_gil_copies_exactly() -> None:
     reads.copy_releasing_gil(memoryview(bytearray()), memoryview(bytearray()))
     with pytest.raises(ValueError):
         reads.copy_releasing_gil(memoryview(bytearray(3)), memoryview(bytearray(4)))
+
+
+class _Changing(io.FileIO):
+    """A real file, read at most 1 MiB at a time, that changes size after the first
+    read: appended to, or cut short."""
+
+    def __init__(self, path: Path, change: str) -> None:
+        super().__init__(path, "rb")
+        self._path, self._change = path, change
+
+    def readinto(self, buffer: Any) -> int:
+        got = super().readinto(memoryview(buffer)[: 1 << 20])
+        if self._change == "grow":
+            with open(self._path, "ab") as handle:
+                handle.write(b"more")
+        elif self._change == "shrink":
+            os.truncate(self._path, 1000)
+        self._change = ""
+        return got
+
+
+def test_a_big_file_is_read_into_memory_the_caller_owns(tmp_path: Path) -> None:
+    path = tmp_path / "big.bin"
+    data = np.random.default_rng(3).bytes(reads.WHOLE_READ_MIN + 12345)
+    path.write_bytes(data)
+    with open(path, "rb", buffering=0) as handle:
+        got = reads.read_whole(handle)
+    assert bytes(got) == data
+    path.write_bytes(b"x" * len(data))  # rewritten in place afterwards: the buffer is a copy
+    assert bytes(got) == data
+
+
+def test_a_small_file_is_read_as_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "small.bin"
+    path.write_bytes(b"abc" * 1000)
+    with open(path, "rb", buffering=0) as handle:
+        got = reads.read_whole(handle)
+    assert type(got) is bytes and got == b"abc" * 1000
+
+
+@pytest.mark.parametrize("change", ["grow", "shrink"])
+def test_a_file_that_changes_size_while_read_is_read_again_whole(tmp_path: Path, change: str) -> None:
+    path = tmp_path / "moving.bin"
+    path.write_bytes(np.random.default_rng(4).bytes(reads.WHOLE_READ_MIN + 1))
+    with _Changing(path, change) as handle:
+        got = reads.read_whole(handle)
+    assert bytes(got) == path.read_bytes()
+    assert len(got) == (reads.WHOLE_READ_MIN + 5 if change == "grow" else 1000)
