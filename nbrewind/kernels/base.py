@@ -8,6 +8,7 @@ ipykernel's request handlers and the session, and owns the patches it installs
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import sys
@@ -50,6 +51,7 @@ class NbrewindKernel(IPythonKernel):
         self._patches = contextlib.ExitStack()
         self._backlog_seconds = _backlog_bound()
         self._shutting_down = False
+        self._frozen = False
         self._sigterm_before: Any = None
         if threading.current_thread() is threading.main_thread():
             self._sigterm_before = signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -105,6 +107,8 @@ class NbrewindKernel(IPythonKernel):
         parent = self.get_parent("shell")
         msg_id = (parent.get("header") or {}).get("msg_id") if parent else None
         plan = self.nbrewind.begin(code, silent=silent, store_history=store_history, cell_id=cell_id, msg_id=msg_id)
+        if not self._frozen:
+            self._freeze_startup_objects()
         if plan.replay:
             try:
                 reply = self.nbrewind.replay(plan)
@@ -127,6 +131,19 @@ class NbrewindKernel(IPythonKernel):
         # (nbclient, papermill) kills it a few seconds later, so keep what is left short.
         self.nbrewind.writer.wait_for_backlog(self._backlog_seconds)
         return reply
+
+    def _freeze_startup_objects(self) -> None:
+        """Move what the kernel, ipykernel and the open session allocated so far out of the
+        cyclic collector's reach (`gc.freeze`), before the first cell's code runs.
+
+        NBRewind's machinery adds thousands of long-lived objects that every full collection
+        would walk again, in the middle of the notebook's imports and cells: measured on
+        `import pandas` plus a matplotlib figure, 0.13 s of collections against 0.07 s on a
+        plain kernel, and 0.04-0.06 s once frozen. Nothing the notebook makes is frozen: its
+        garbage is collected as on a plain kernel. Undone at shutdown."""
+        self._frozen = True
+        gc.freeze()
+        self._patches.callback(gc.unfreeze)
 
     def finish_metadata(self, parent: dict[str, Any], metadata: dict[str, Any], reply_content: dict[str, Any]) -> dict[str, Any]:
         """ipykernel's reply metadata, plus ``nbrewind``: what this kernel did with the

@@ -290,3 +290,20 @@ def test_a_setting_of_a_library_the_running_cell_never_imports_waits_for_its_imp
     with Store.open(tmp_path / "store", create=False) as opened:
         rows = cell_log(opened, last_session=True)
     assert [r.decision[0] for r in rows] == ["r", "e", "e"]
+
+
+def test_the_kernels_own_objects_are_frozen_and_the_notebooks_garbage_is_still_collected(tmp_path: Path) -> None:
+    """The kernel moves its startup objects out of the collector's way before the first
+    cell (`NbrewindKernel._freeze_startup_objects`); a reference cycle the notebook makes
+    and drops is still collected, as on a plain kernel."""
+    cells = [
+        "import gc, weakref\nclass Node:\n    pass\nnode = Node()\nnode.me = node\nalive = weakref.ref(node)\nfrozen = gc.get_freeze_count()",
+        "del node",
+        "found = gc.collect()\nprint(alive() is None, frozen > 1000)",
+    ]
+    for kernel in ("audit", "repeat", "python3"):
+        nb = write_notebook(tmp_path / f"{kernel}.ipynb", cells)
+        store = tmp_path / f"{kernel}.nbrewind" if kernel != "python3" else None
+        run_notebook(nb, kernel=kernel, store=store, output=tmp_path / f"{kernel}.out.ipynb")
+        printed = outputs_of(tmp_path / f"{kernel}.out.ipynb")[2][0]["text"]
+        assert printed == ("True False\n" if kernel == "python3" else "True True\n"), kernel
