@@ -19,7 +19,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.run import NOTEBOOK_DIR, run, write_variant
+from benchmarks.run import NOTEBOOK_DIR, ROOT, run, write_variant
 
 KINDS = ("python3", "before", "after")
 
@@ -29,6 +29,9 @@ def one_run(name: str, kind: str, tree: Path) -> list[float]:
     saved = os.environ.get("PYTHONPATH")
     if kind == "before":
         os.environ["PYTHONPATH"] = str(tree)
+    elif kind == "after":
+        # This checkout, not whichever one an editable install of nbrewind points at.
+        os.environ["PYTHONPATH"] = str(ROOT)
     else:
         os.environ.pop("PYTHONPATH", None)
     work = Path(tempfile.mkdtemp(prefix=f"compare-{name}-"))
