@@ -14,6 +14,7 @@ import importlib
 import sys
 import time
 import types
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,8 +135,11 @@ class LiveState:
         self.objects = objects
         self.namespace = namespace
         self.entries: dict[str, Entry] = {}
-        # The object each name was bound to at the last checkpoint; compared by identity.
+        # The object each name was bound to at the last checkpoint, compared by identity:
+        # held weakly where it can be (`_keep`), so a cell that deletes or rebinds a name
+        # frees its old value when a plain kernel would, not when the cell ends.
         self._last: dict[str, Any] = {}
+        self._last_weak: dict[str, weakref.ref[Any]] = {}
         self._reach: dict[str, set[int]] = {}
         self._holders: dict[int, set[str]] = {}
         # A value found inside another name's complete reach is indexed by its own id only
@@ -154,9 +158,26 @@ class LiveState:
 
     # -- identity tracking ----------------------------------------------------
 
+    def _keep(self, name: str, value: Any) -> None:
+        try:
+            self._last_weak[name] = weakref.ref(value)
+            self._last.pop(name, None)
+        except TypeError:  # lists, dicts, tuples, numbers, strings: held as they are
+            self._last[name] = value
+            self._last_weak.pop(name, None)
+
+    def last(self, name: str) -> Any:
+        """The object `name` was bound to at its last checkpoint, or `_NOTHING` (also once
+        that object is gone: whatever `name` holds now is then another one)."""
+        ref = self._last_weak.get(name)
+        if ref is not None:
+            value = ref()
+            return _NOTHING if value is None else value
+        return self._last.get(name, _NOTHING)
+
     def remember(self, name: str, value: Any) -> None:
         """Record that `name` is bound to `value`, as stored in its entry."""
-        self._last[name] = value
+        self._keep(name, value)
         if self._indexed_now.get(name, _NOTHING) is not value:
             self._index(name, value)
 
@@ -176,7 +197,7 @@ class LiveState:
             name in self._indexed_now
             or name in self._stale
             or name not in self._reach
-            or self._last.get(name, _NOTHING) is not value
+            or self.last(name) is not value
         ):
             self.remember(name, value)
             return
@@ -191,7 +212,7 @@ class LiveState:
     def name_bound_to(self, value: Any) -> str | None:
         """A name whose checkpointed object is `value` itself (the first in order), or None."""
         for name in sorted(self._holders.get(id(value), ())):
-            if self._last.get(name, _NOTHING) is value:
+            if self.last(name) is value:
                 return name
         return None
 
@@ -207,6 +228,7 @@ class LiveState:
     def forget(self, name: str) -> None:
         """Drop what is known about `name`'s current object (it is pending, deleted or lost)."""
         self._last.pop(name, None)
+        self._last_weak.pop(name, None)
         self.forget_reach(name)
 
     def rebound(self, names: Iterable[str], namespace: dict[str, Any]) -> set[str]:
@@ -215,7 +237,7 @@ class LiveState:
         for name in names:
             if not dict.__contains__(namespace, name):
                 continue
-            if self._last.get(name, _NOTHING) is not dict.__getitem__(namespace, name):
+            if self.last(name) is not dict.__getitem__(namespace, name):
                 out.add(name)
         return out
 
@@ -334,7 +356,7 @@ class LiveState:
             self.entries.pop(name, None)
             self.forget(name)
         present = {n for n in user_names if dict.__contains__(namespace, n)}
-        candidates = (candidates & present) | (present - set(self.entries) - set(self._last))
+        candidates = (candidates & present) | (present - set(self.entries) - set(self._last) - set(self._last_weak))
         for group in self._groups(candidates, namespace, present):
             values: dict[str, Any] = {n: dict.__getitem__(namespace, n) for n in group}
             modules = {n for n, v in values.items() if isinstance(v, types.ModuleType) and _importable(v)}
@@ -412,7 +434,7 @@ class LiveState:
         rebuilt with the others, by the cells that made and changed them."""
         written = 0
         # Still the object its producing cell made: keep pointing at that cell.
-        kept = {n for n in names if (old := self.entries.get(n)) is not None and old.kind == UNSERIALIZABLE and self._last.get(n, _NOTHING) is values[n]}
+        kept = {n for n in names if (old := self.entries.get(n)) is not None and old.kind == UNSERIALIZABLE and self.last(n) is values[n]}
         results: dict[str, StagedGroup | Unserializable] = dict(bad)
         if not bad and not kept:
             results = {n: stage_group(self.objects, {n: values[n]}) for n in names}

@@ -1981,6 +1981,20 @@ def _patterns() -> list[Pattern]:
     *_library_object_patterns(),
     *_copy_on_write_patterns(),
     *_subclass_view_patterns(),
+    pattern(
+        "deleted_value_freed_inside_the_cell",
+        "`del a` left the array alive until the cell ended (the kernel held it to compare by identity): a weak "
+        "reference to it was still alive (False where a fresh run prints True), and a cell replacing a large "
+        "array held both",
+        ["import weakref\nimport numpy as np\na = np.ones(4)\nalive = weakref.ref(a)", "del a\nprint(alive() is None)"],
+        edit={1: "del a\nprint('freed', alive() is None)"},
+    ),
+    pattern(
+        "rebound_value_freed_inside_the_cell",
+        "`box = None` left the old object alive until the cell ended, so its weak reference was still alive",
+        ["import weakref\nclass Box:\n    pass\nbox = Box()\nalive = weakref.ref(box)", "box = None\nprint(alive() is None)"],
+        edit={1: "box = None\nprint('freed', alive() is None)"},
+    ),
     *(
         pattern(
             f"automagic_name_{name}_shown", f"{name}, a notebook name that is also an IPython alias magic, shown alone: "
@@ -2055,6 +2069,7 @@ KERNEL_PATTERNS: list[str] = [
 KERNEL_PATTERNS += [f"library_patch_{name}_edited" for name, *_ in _PATCHES] + ["library_patch_kept_reader_between_replays"]
 KERNEL_PATTERNS += [f"replayed_{n}_raises_in_a_cell_that_runs" for n in ("function", "method", "lambda", "comprehension")]
 KERNEL_PATTERNS += ["replayed_function_warns_in_a_cell_that_runs", "ipython_xmode_edited_on_a_kernel"]
+KERNEL_PATTERNS += ["deleted_value_freed_inside_the_cell", "rebound_value_freed_inside_the_cell"]
 KERNEL_PATTERNS += ["module_class_attribute_kept_reader_edited", "module_closure_counter_kept_reader_edited"]
 KERNEL_PATTERNS += [f"library_call_{label}_{how}" for label, *_ in _LIBRARY_CALLS for how in ("edited", "kept")]
 KERNEL_PATTERNS += [
