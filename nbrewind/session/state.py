@@ -136,10 +136,9 @@ class LiveState:
         self.namespace = namespace
         self.entries: dict[str, Entry] = {}
         # The object each name was bound to at the last checkpoint, compared by identity:
-        # held weakly where it can be (`_keep`), so a cell that deletes or rebinds a name
+        # held weakly where it can be (`remember`), so a cell that deletes or rebinds a name
         # frees its old value when a plain kernel would, not when the cell ends.
-        self._last: dict[str, Any] = {}
-        self._last_weak: dict[str, weakref.ref[Any]] = {}
+        self._last: dict[str, Callable[[], Any]] = {}
         self._reach: dict[str, set[int]] = {}
         self._holders: dict[int, set[str]] = {}
         # A value found inside another name's complete reach is indexed by its own id only
@@ -158,26 +157,21 @@ class LiveState:
 
     # -- identity tracking ----------------------------------------------------
 
-    def _keep(self, name: str, value: Any) -> None:
-        try:
-            self._last_weak[name] = weakref.ref(value)
-            self._last.pop(name, None)
-        except TypeError:  # lists, dicts, tuples, numbers, strings: held as they are
-            self._last[name] = value
-            self._last_weak.pop(name, None)
-
     def last(self, name: str) -> Any:
         """The object `name` was bound to at its last checkpoint, or `_NOTHING` (also once
         that object is gone: whatever `name` holds now is then another one)."""
-        ref = self._last_weak.get(name)
-        if ref is not None:
-            value = ref()
-            return _NOTHING if value is None else value
-        return self._last.get(name, _NOTHING)
+        ref = self._last.get(name)
+        if ref is None:
+            return _NOTHING
+        value = ref()
+        return _NOTHING if value is None and not isinstance(ref, _Held) else value
 
     def remember(self, name: str, value: Any) -> None:
         """Record that `name` is bound to `value`, as stored in its entry."""
-        self._keep(name, value)
+        try:
+            self._last[name] = weakref.ref(value)
+        except TypeError:  # lists, dicts, tuples, numbers, strings: held as they are
+            self._last[name] = _Held(value)
         if self._indexed_now.get(name, _NOTHING) is not value:
             self._index(name, value)
 
@@ -228,7 +222,6 @@ class LiveState:
     def forget(self, name: str) -> None:
         """Drop what is known about `name`'s current object (it is pending, deleted or lost)."""
         self._last.pop(name, None)
-        self._last_weak.pop(name, None)
         self.forget_reach(name)
 
     def rebound(self, names: Iterable[str], namespace: dict[str, Any]) -> set[str]:
@@ -356,7 +349,7 @@ class LiveState:
             self.entries.pop(name, None)
             self.forget(name)
         present = {n for n in user_names if dict.__contains__(namespace, n)}
-        candidates = (candidates & present) | (present - set(self.entries) - set(self._last) - set(self._last_weak))
+        candidates = (candidates & present) | (present - set(self.entries) - set(self._last))
         for group in self._groups(candidates, namespace, present):
             values: dict[str, Any] = {n: dict.__getitem__(namespace, n) for n in group}
             modules = {n for n, v in values.items() if isinstance(v, types.ModuleType) and _importable(v)}
@@ -578,3 +571,15 @@ PLAIN = "plain"
 
 
 _NOTHING = object()
+
+
+class _Held:
+    """A strong reference with `weakref.ref`'s call, for values that take no weak one."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __call__(self) -> Any:
+        return self.value

@@ -964,6 +964,40 @@ def _subclass_view_patterns() -> list[Pattern]:
     return out
 
 
+_FREED_KINDS = {
+    "array": "np.ones(4)",
+    "frame": "pd.DataFrame({'v': [1, 2]})",
+    "instance": "Box()",
+    # Not "Box()\nx.me = x": on repeat, a self-referencing object made again by re-running
+    # its cell survives `del` and `gc.collect()` (README, status: missing).
+    "set": "{1, 2}",
+    "function": "lambda: 1",
+}
+_FREED_DROPS = {
+    "deleted": "del x",
+    "rebound": "x = None",
+    "popped_from_globals": "globals().pop('x')",
+    "deleted_by_exec": "exec('del x')",
+}
+
+
+def _freed_value_patterns() -> list[Pattern]:
+    """A value a cell drops is freed when a plain kernel frees it: the kernel compared each
+    name with its last checkpointed object, held strongly, so the object lived until the
+    cell ended (a weak reference to it still alive; a cell replacing a large array held both)."""
+    setup = "import gc\nimport weakref\nimport numpy as np\nimport pandas as pd\nclass Box:\n    pass\n"
+    return [
+        pattern(
+            f"{drop}_{kind}_freed_inside_the_cell",
+            f"a {kind} dropped with `{how}` stayed alive until the cell ended (False where a fresh run prints True)",
+            [f"{setup}x = {make}\nalive = weakref.ref(x)", f"{how}\ngc.collect()\nprint(alive() is None)"],
+            edit={1: f"{how}\ngc.collect()\nprint('freed', alive() is None)"},
+        )
+        for kind, make in _FREED_KINDS.items()
+        for drop, how in _FREED_DROPS.items()
+    ]
+
+
 def _patterns() -> list[Pattern]:
     """Every pattern, made on first use (see `__getattr__`)."""
     return [
@@ -1981,20 +2015,7 @@ def _patterns() -> list[Pattern]:
     *_library_object_patterns(),
     *_copy_on_write_patterns(),
     *_subclass_view_patterns(),
-    pattern(
-        "deleted_value_freed_inside_the_cell",
-        "`del a` left the array alive until the cell ended (the kernel held it to compare by identity): a weak "
-        "reference to it was still alive (False where a fresh run prints True), and a cell replacing a large "
-        "array held both",
-        ["import weakref\nimport numpy as np\na = np.ones(4)\nalive = weakref.ref(a)", "del a\nprint(alive() is None)"],
-        edit={1: "del a\nprint('freed', alive() is None)"},
-    ),
-    pattern(
-        "rebound_value_freed_inside_the_cell",
-        "`box = None` left the old object alive until the cell ended, so its weak reference was still alive",
-        ["import weakref\nclass Box:\n    pass\nbox = Box()\nalive = weakref.ref(box)", "box = None\nprint(alive() is None)"],
-        edit={1: "box = None\nprint('freed', alive() is None)"},
-    ),
+    *_freed_value_patterns(),
     *(
         pattern(
             f"automagic_name_{name}_shown", f"{name}, a notebook name that is also an IPython alias magic, shown alone: "
@@ -2069,7 +2090,7 @@ KERNEL_PATTERNS: list[str] = [
 KERNEL_PATTERNS += [f"library_patch_{name}_edited" for name, *_ in _PATCHES] + ["library_patch_kept_reader_between_replays"]
 KERNEL_PATTERNS += [f"replayed_{n}_raises_in_a_cell_that_runs" for n in ("function", "method", "lambda", "comprehension")]
 KERNEL_PATTERNS += ["replayed_function_warns_in_a_cell_that_runs", "ipython_xmode_edited_on_a_kernel"]
-KERNEL_PATTERNS += ["deleted_value_freed_inside_the_cell", "rebound_value_freed_inside_the_cell"]
+KERNEL_PATTERNS += ["deleted_array_freed_inside_the_cell", "rebound_instance_freed_inside_the_cell"]
 KERNEL_PATTERNS += ["module_class_attribute_kept_reader_edited", "module_closure_counter_kept_reader_edited"]
 KERNEL_PATTERNS += [f"library_call_{label}_{how}" for label, *_ in _LIBRARY_CALLS for how in ("edited", "kept")]
 KERNEL_PATTERNS += [
