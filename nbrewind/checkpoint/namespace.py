@@ -11,12 +11,20 @@ exception raised from Python while it is defined; without it the miss is raised
 in C. Listing methods (`keys`, iteration, `in`, `len`) include pending names so
 `dir()`, `%who`, `globals()` and completion see them; they are not on the hot
 path of name lookup.
+
+A pending name the notebook drops (`del`, or a rebinding) leaves its object unmade. When
+a co-variable loads later, the group comes back with that object in it, unbound: freed at
+once if nothing else holds it, as a plain kernel would have freed it at the drop. An object
+in a reference cycle only goes when the cyclic collector runs; a plain kernel's copy went at
+the first full collection after the drop (`gc.collect()`), so the namespace watches full
+collections while a dropped name's group is pending, and collects the loaded copy if one ran.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -30,7 +38,7 @@ _MISSING = object()
 class LazyNamespace(dict[str, Any]):
     """A dict that can hold names whose values are still in the store."""
 
-    __slots__ = ("_pending", "_loader", "_loading", "_peeking", "__weakref__")
+    __slots__ = ("_pending", "_loader", "_loading", "_peeking", "_dropped", "__weakref__")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -38,6 +46,8 @@ class LazyNamespace(dict[str, Any]):
         self._loader: Loader | None = None
         self._loading: set[str] = set()
         self._peeking = False
+        # Pending names dropped with `del` -> whether a full collection has run since.
+        self._dropped: dict[str, bool] = {}
         key = id(self)
         _live[key] = weakref.ref(self, functools.partial(_forget_instance, key))
 
@@ -51,6 +61,7 @@ class LazyNamespace(dict[str, Any]):
         """Make `name` pending: drop its current value; it loads from `token` on first use."""
         dict.pop(self, name, None)
         self._pending[name] = token
+        self._dropped.pop(name, None)
         _arm()
 
     def pending(self) -> dict[str, Any]:
@@ -111,6 +122,7 @@ class LazyNamespace(dict[str, Any]):
             # as IPython's prefilter does): not defined yet, and never loaded twice at once.
             raise KeyError(name)
         self._loading.add(name)
+        full_collections = _full_collections()
         try:
             values = self._loader(name, token)
         except KeyError:
@@ -118,15 +130,24 @@ class LazyNamespace(dict[str, Any]):
             raise
         finally:
             self._loading.discard(name)
+        collected_since_drop = False
         for member, value in values.items():
-            if self._pending.get(member, _MISSING) is _MISSING and member != name:
+            if member != name and (self._pending.get(member, _MISSING) is _MISSING or dict.__contains__(self, member)):
+                # Dropped since the replay made it pending: left unbound (a rebound one's token goes).
+                self._pending.pop(member, None)
+                collected_since_drop = self._dropped.pop(member, False) or collected_since_drop
                 continue
-            if member == name or not dict.__contains__(self, member):
-                dict.__setitem__(self, member, value)
+            dict.__setitem__(self, member, value)
             self._pending.pop(member, None)
         self._pending.pop(name, None)
         if not self._pending:
             _disarm()
+        if collected_since_drop:
+            # A plain kernel's objects went at the full collection after the drop: so do the
+            # copies (young unless a full collection ran during the load). Without one, they
+            # live on as garbage, as the plain kernel's did.
+            del values, value  # the loop ran: both are bound
+            gc.collect(2 if _full_collections() != full_collections else 1)
         return dict.__getitem__(self, name)
 
     def materialize_all(self) -> None:
@@ -202,6 +223,8 @@ class LazyNamespace(dict[str, Any]):
 
     def __delitem__(self, key: str) -> None:
         was_pending = self._pending.pop(key, _MISSING) is not _MISSING
+        if was_pending:
+            self._dropped.setdefault(key, False)
         if not self._pending:
             _disarm()
         if dict.__contains__(self, key):
@@ -224,6 +247,7 @@ class LazyNamespace(dict[str, Any]):
 
     def clear(self) -> None:
         self._pending.clear()
+        self._dropped.clear()
         _disarm()
         dict.clear(self)
 
@@ -246,12 +270,35 @@ def _missing(self: LazyNamespace, key: str) -> Any:
 _live: dict[int, weakref.ref[LazyNamespace]] = {}
 
 
+def _full_collections() -> int:
+    return int(gc.get_stats()[2]["collections"])
+
+
+def _note_collection(phase: str, info: dict[str, int]) -> None:
+    """A gc callback, installed while something is pending: a full collection frees the
+    dropped pending names' objects in a plain kernel (see the module docstring)."""
+    if phase != "stop" or info["generation"] != 2:
+        return
+    for ref in list(_live.values()):
+        ns = ref()
+        if ns is None or not ns._pending:
+            continue
+        for name in ns._dropped:
+            ns._dropped[name] = True
+        for name in ns._pending:
+            if dict.__contains__(ns, name):  # rebound while pending
+                ns._dropped[name] = True
+
+
 def _arm() -> None:
     # Defined on the class only while something is pending; see the module docstring.
     if "__missing__" not in LazyNamespace.__dict__:
         LazyNamespace.__missing__ = _missing  # type: ignore[attr-defined]
+        gc.callbacks.append(_note_collection)
 
 
 def _disarm() -> None:
     if "__missing__" in LazyNamespace.__dict__ and not any(ns._pending for ns in (r() for r in list(_live.values())) if ns is not None):
         del LazyNamespace.__missing__  # type: ignore[attr-defined]
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(_note_collection)

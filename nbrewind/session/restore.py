@@ -344,6 +344,8 @@ class Restorer:
             if member == name or (isinstance(token_of, Entry) and token_of.digest == entry.digest):
                 out[member] = value
                 self._state.remember(member, value)
+            elif member not in pending:
+                out[member] = value  # dropped since its replay: the namespace leaves it unbound
         return out
 
     def restore(self, target: str) -> str:

@@ -968,8 +968,9 @@ _FREED_KINDS = {
     "array": "np.ones(4)",
     "frame": "pd.DataFrame({'v': [1, 2]})",
     "instance": "Box()",
-    # Not "Box()\nx.me = x": on repeat, a self-referencing object made again by re-running
-    # its cell survives `del` and `gc.collect()` (README, status: missing).
+    # Only the cyclic collector frees it: loaded after the drop with a co-variable (`alive`),
+    # its copy outlived the cell's `gc.collect()`.
+    "cycle": "Box()\nx.me = x",
     "set": "{1, 2}",
     "function": "lambda: 1",
 }
@@ -994,6 +995,14 @@ def _freed_value_patterns() -> list[Pattern]:
             edit={1: f"{how}\ngc.collect()\nprint('freed', alive() is None)"},
         )
         for kind, make in _FREED_KINDS.items()
+        for drop, how in _FREED_DROPS.items()
+    ] + [
+        pattern(
+            f"{drop}_cycle_kept_until_a_full_collection",
+            f"a self-referencing object dropped with `{how}` lives until the next full collection, not less",
+            [f"{setup}x = {_FREED_KINDS['cycle']}\nalive = weakref.ref(x)", f"{how}\nprint(alive() is None)\ngc.collect()\nprint(alive() is None)"],
+            edit={1: f"{how}\nprint('kept', alive() is None)\ngc.collect()\nprint('freed', alive() is None)"},
+        )
         for drop, how in _FREED_DROPS.items()
     ]
 
@@ -2090,7 +2099,7 @@ KERNEL_PATTERNS: list[str] = [
 KERNEL_PATTERNS += [f"library_patch_{name}_edited" for name, *_ in _PATCHES] + ["library_patch_kept_reader_between_replays"]
 KERNEL_PATTERNS += [f"replayed_{n}_raises_in_a_cell_that_runs" for n in ("function", "method", "lambda", "comprehension")]
 KERNEL_PATTERNS += ["replayed_function_warns_in_a_cell_that_runs", "ipython_xmode_edited_on_a_kernel"]
-KERNEL_PATTERNS += ["deleted_array_freed_inside_the_cell", "rebound_instance_freed_inside_the_cell"]
+KERNEL_PATTERNS += ["deleted_array_freed_inside_the_cell", "rebound_instance_freed_inside_the_cell", "deleted_cycle_freed_inside_the_cell"]
 KERNEL_PATTERNS += ["module_class_attribute_kept_reader_edited", "module_closure_counter_kept_reader_edited"]
 KERNEL_PATTERNS += [f"library_call_{label}_{how}" for label, *_ in _LIBRARY_CALLS for how in ("edited", "kept")]
 KERNEL_PATTERNS += [
