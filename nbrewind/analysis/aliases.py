@@ -28,7 +28,7 @@ import sys
 import types
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 from enum import Enum
 
 # Top-level packages whose objects are leaves: indexed by their own identity,
@@ -96,6 +96,7 @@ class _Kind(Enum):
     HOLDER = 14  # a C object of the standard library that sees into a container: walk what it refers to
     SHARER = 15  # a library leaf whose data other names can share (a DataFrame's blocks): indexed with it
     WRAPPER = 16  # a pandas object around a frame (a groupby, `df.loc`): walk its attributes and its `obj`
+    FINALIZER = 17  # weakref.finalize: walk the object its callback waits on
 
 
 def _is_notebook(obj: object) -> bool:
@@ -105,10 +106,14 @@ def _is_notebook(obj: object) -> bool:
 class _Walker:
     """Walks object graphs, reporting the id() of every indexed object to a callback."""
 
-    def __init__(self, max_objects: int, max_depth: int) -> None:
+    def __init__(self, max_objects: int, max_depth: int, watch: DeathWatcher | None = None) -> None:
         self.max_objects = max_objects
         self.max_depth = max_depth
         self.truncated = False
+        self.finalizes = False
+        """Whether `watch` said an instance the walk met finalizes visibly (see `reach`)."""
+        self._watch = watch
+        self._finalizing: dict[type, bool | None] = {}
         self._kinds: dict[type, _Kind] = {}
         numpy = sys.modules.get("numpy")  # never imported here: only if the notebook did
         self._ndarray: type | None = getattr(numpy, "ndarray", None)
@@ -177,6 +182,8 @@ class _Walker:
             return _Kind.BUILTIN
         if issubclass(tp, weakref.ReferenceType):
             return _Kind.WEAKREF
+        if issubclass(tp, weakref.finalize):
+            return _Kind.FINALIZER
         if _is_holder(tp):
             return _Kind.HOLDER
         return _Kind.OBJECT
@@ -211,6 +218,12 @@ class _Walker:
                 return
             if not visit(id(obj)):
                 continue
+            if kind is _Kind.OBJECT and not self.finalizes and self._watch is not None:
+                try:
+                    by_type = self._finalizing[tp]
+                except KeyError:
+                    by_type = self._finalizing[tp] = self._watch.type_finalizes(tp)
+                self.finalizes = self._watch.object_finalizes(obj) if by_type is None else by_type
             if kind is _Kind.SHARER:
                 for part in self._shared_parts(obj):
                     if type(part) is dict:
@@ -352,6 +365,12 @@ def _children(obj: object, kind: _Kind) -> list[object]:
             return [] if referent is None else [referent]
         if kind is _Kind.HOLDER:
             return [r for r in gc.get_referents(obj) if not isinstance(r, type)]
+        if kind is _Kind.FINALIZER:
+            # Restored only with the object it waits on (a callback that no longer fires
+            # when that object dies is not the notebook's).
+            assert isinstance(obj, weakref.finalize)
+            waits_on = obj.peek()
+            return [] if waits_on is None else [waits_on[0]]
         if kind is _Kind.OBJECT:
             return _attributes(obj)
         if kind is _Kind.WRAPPER:
@@ -402,9 +421,24 @@ def reachable_ids(obj: object, *, max_objects: int = 100_000, max_depth: int = 6
     return reach(obj, max_objects=max_objects, max_depth=max_depth)[0]
 
 
-def reach(obj: object, *, max_objects: int = 100_000, max_depth: int = 64) -> tuple[set[int], bool]:
-    """`reachable_ids` of `obj`, and whether no bound cut the walk short. A complete
-    reach holds the reach of every object in it (the same rules walk it from there)."""
+class DeathWatcher(Protocol):
+    """Says which objects' death a notebook can see (`nbrewind.identity.finalizers.DeathWatch`)."""
+
+    def type_finalizes(self, tp: type) -> bool | None:
+        """For every instance of `tp`; None: ask `object_finalizes` for each."""
+
+    def object_finalizes(self, obj: object) -> bool: ...
+
+    def referents(self) -> set[int]:
+        """id() of the objects that finalize visibly whatever their type."""
+
+
+def reach(
+    obj: object, *, max_objects: int = 100_000, max_depth: int = 64, watch: DeathWatcher | None = None
+) -> tuple[set[int], bool, bool]:
+    """`reachable_ids` of `obj`, whether no bound cut the walk short, and whether `watch`
+    says an object in it finalizes visibly (False without one). A complete reach holds the
+    reach of every object in it (the same rules walk it from there)."""
     found: set[int] = set()
 
     def visit(key: int) -> bool:
@@ -413,6 +447,7 @@ def reach(obj: object, *, max_objects: int = 100_000, max_depth: int = 64) -> tu
         found.add(key)
         return True
 
-    walker = _Walker(max_objects, max_depth)
+    walker = _Walker(max_objects, max_depth, watch)
     walker.walk(obj, visit)
-    return found, not walker.truncated
+    finalizes = walker.finalizes or (watch is not None and not watch.referents().isdisjoint(found))
+    return found, not walker.truncated, finalizes

@@ -47,6 +47,7 @@ _LIVE_RESOURCE_TYPES = frozenset(
         "multiprocessing.pool.Pool",
         "multiprocessing.process.BaseProcess",
         "multiprocessing.connection.Connection",
+        "weakref.finalize",
         "builtins.generator",
         "builtins.coroutine",
         "builtins.async_generator",

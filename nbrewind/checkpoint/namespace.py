@@ -38,7 +38,7 @@ _MISSING = object()
 class LazyNamespace(dict[str, Any]):
     """A dict that can hold names whose values are still in the store."""
 
-    __slots__ = ("_pending", "_loader", "_loading", "_peeking", "_dropped", "__weakref__")
+    __slots__ = ("_pending", "_loader", "_loading", "_peeking", "_dropped", "_before_drop", "__weakref__")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -48,6 +48,7 @@ class LazyNamespace(dict[str, Any]):
         self._peeking = False
         # Pending names dropped with `del` -> whether a full collection has run since.
         self._dropped: dict[str, bool] = {}
+        self._before_drop: Callable[[str, Any], None] | None = None
         key = id(self)
         _live[key] = weakref.ref(self, functools.partial(_forget_instance, key))
 
@@ -56,6 +57,11 @@ class LazyNamespace(dict[str, Any]):
     def set_loader(self, loader: Loader | None) -> None:
         """Install the function that turns a pending token into values."""
         self._loader = loader
+
+    def set_before_drop(self, hook: Callable[[str, Any], None] | None) -> None:
+        """Install what runs as `hook(name, token)` when `del` drops a pending name, before it
+        goes: the session loads a value whose death the notebook can see (a finalizer)."""
+        self._before_drop = hook
 
     def set_pending(self, name: str, token: Any) -> None:
         """Make `name` pending: drop its current value; it loads from `token` on first use."""
@@ -222,6 +228,15 @@ class LazyNamespace(dict[str, Any]):
         dict.update(self, other, **kwargs)
 
     def __delitem__(self, key: str) -> None:
+        hook = self._before_drop
+        if hook is not None and self.is_pending(key):
+            with contextlib.suppress(KeyError):  # one that cannot be loaded is not defined
+                hook(key, self._pending[key])
+        self.drop(key)
+
+    def drop(self, key: str) -> None:
+        """`del self[key]` without the before-drop hook (a replayed cell's `del`: what its
+        drop printed or wrote is in its record)."""
         was_pending = self._pending.pop(key, _MISSING) is not _MISSING
         if was_pending:
             self._dropped.setdefault(key, False)
@@ -235,7 +250,10 @@ class LazyNamespace(dict[str, Any]):
     def pop(self, key: str, *default: Any) -> Any:
         if not dict.__contains__(self, key) and self._pending and key in self._pending:
             with contextlib.suppress(KeyError):
-                self.materialize(key)
+                if self._before_drop is not None:
+                    self._before_drop(key, self._pending[key])
+                if self.is_pending(key):
+                    self.materialize(key)
         self._pending.pop(key, None)
         return dict.pop(self, key, *default)
 

@@ -48,6 +48,7 @@ from nbrewind.checkpoint.reducers import (
     ordered_class_reduce,
 )
 from nbrewind.identity.values import is_notebook_code
+from nbrewind.identity.finalizers import finalized_referents
 
 __all__ = [
     "OOB_THRESHOLD",
@@ -148,12 +149,16 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle has no
         # Stored values link pandas' copy-on-write references again when loaded; digests
         # keep pandas' own reduction (`pandas_refs`).
         self._by_type = dict(_BY_TYPE) if for_digest else {**_BY_TYPE, **manager_reducers()}
+        # Objects a `weakref.finalize` callback waits on: a stored copy would die silently.
+        self._finalized = finalized_referents()
 
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
         name = live_resource_name(kind)
         if name is not None:
             raise LiveResource(name)
+        if self._finalized and id(obj) in self._finalized:
+            raise LiveResource(f"{qualified_name(kind)} with a weakref.finalize callback")
         if kind is self._views.ndarray:
             return self._views.reduce(obj)
         name = live_instance_name(obj, is_notebook_code)

@@ -128,6 +128,8 @@ class Cells:
         try:
             if parts.outside.code_names:
                 parts.restorer.bring_back(parts.outside.code_names)
+            if plan.effects is not None:  # first: brought back by `rebuild_pending`, they would be held
+                parts.restorer.load_before_dropping(plan.effects)
             parts.restorer.rebuild_pending(plan.reads, clients=may_need_client(plan, parts.state.entries, self._namespace()))
         except Exception as exc:
             self._channel.warn("could not bring back a value that cannot be stored (a Dask client, a lock...)", exc)

@@ -34,7 +34,7 @@ from nbrewind.session.notices import Notices
 from nbrewind.session.parts import Parts, StoreHandle, store_location
 from nbrewind.session.plan import CellPlan, Emit, LastCell, Paths, RngLedger
 from nbrewind.session.restore import complete_pending
-from nbrewind.session.state import LiveState
+from nbrewind.session.state import LiveState, finalizes_on_drop
 from nbrewind.session.writer import BackgroundWriter
 from nbrewind.store import Store
 
@@ -92,6 +92,7 @@ class Session:
         ns = shell.user_ns
         if isinstance(ns, LazyNamespace):
             ns.set_loader(self._load_pending)
+            ns.set_before_drop(self._before_drop)
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -161,6 +162,19 @@ class Session:
         __tracebackhide__ = True  # noqa: F841 (IPython hides this frame in tracebacks)
         return self._opened().restorer.load_pending(name, token)
 
+    def _before_drop(self, name: str, token: Any) -> None:
+        """LazyNamespace hook: see `Restorer.load_to_drop`. A failure is a warning: the
+        notebook's `del` still happens."""
+        __tracebackhide__ = True  # noqa: F841
+        if not finalizes_on_drop(token) or not self._ready():
+            return
+        try:
+            self._opened().restorer.load_to_drop(name, token)
+        except KeyError:
+            raise  # the loader gave up on it (and said why): the name is not defined
+        except Exception as exc:
+            self.channel.warn(f"could not bring back {name!r} before the cell dropped it (its finalizer does not run)", exc)
+
     def restore(self, target: str) -> str:
         """Make the namespace what it was after a recorded cell run (by execution count or cell id)."""
         return self._opened().restorer.restore(target)
@@ -193,5 +207,7 @@ class Session:
 
     def close(self) -> None:
         """Finish pending writes, undo the Dask interception, close the store."""
+        if isinstance(self.shell.user_ns, LazyNamespace):
+            self.shell.user_ns.set_before_drop(None)  # names dropped from here on (a shutdown) stay in the store
         self.writer.close()
         self._handle.close()

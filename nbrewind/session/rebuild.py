@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -71,7 +72,7 @@ class Rebuilder:
         self._deferred: list[Deferred] = []
         # Unstorable values made again, by the digest of their entry: one object per recorded
         # resource, shared by every re-run that reads it (futures find the client made for them).
-        self._made: dict[str, Any] = {}
+        self._made = _MadeAgain()
         # Stored values a deferred cell wrote again while its life was replayed, whose stored
         # objects are damaged, by entry digest: the way to make them again without running
         # that cell once more against a resource that has already lived past it.
@@ -91,6 +92,11 @@ class Rebuilder:
     def forget_made(self, digest: str) -> None:
         """A resource's entry is bound again (its cell replayed again): the next use makes a new one."""
         self._made.pop(digest, None)
+
+    def hold_weakly(self, digest: str) -> None:
+        """A cell is about to drop the resource made again for `digest`: keep it only while
+        something else does (`_MadeAgain.hold_weakly`)."""
+        self._made.hold_weakly(digest)
 
     def replay_life(self) -> None:
         """Run every deferred cell run, in order, each from the state it started from, with
@@ -400,4 +406,43 @@ class Rebuilder:
         made = {name: found[entry.digest]}
         made.update({other: found[digest] for other, digest in twins.items() if digest in found})
         return made
+
+
+_ABSENT = object()
+
+
+class _Weak:
+    __slots__ = ("ref",)
+
+    def __init__(self, ref: weakref.ref[Any]) -> None:
+        self.ref = ref
+
+
+class _MadeAgain(dict[str, Any]):
+    """Unstorable values made again, by entry digest. Held strongly (a cluster made for a
+    re-run lives until the notebook's name for it is bound), except one a cell is about to
+    drop: held weakly from then on, so the drop frees it (and runs its finalizer) as in a
+    plain kernel, while every re-run still finds it as long as it lives (one that takes no
+    weak reference is let go: a later re-run makes it again)."""
+
+    def __contains__(self, digest: object) -> bool:
+        value = dict.get(self, digest, _ABSENT) if isinstance(digest, str) else _ABSENT
+        return value is not _ABSENT and (not isinstance(value, _Weak) or value.ref() is not None)
+
+    def __getitem__(self, digest: str) -> Any:
+        value = dict.__getitem__(self, digest)
+        if isinstance(value, _Weak):
+            value = value.ref()
+            if value is None:
+                raise KeyError(digest)
+        return value
+
+    def hold_weakly(self, digest: str) -> None:
+        value = dict.get(self, digest, _ABSENT)
+        if value is _ABSENT or isinstance(value, _Weak):
+            return
+        try:
+            dict.__setitem__(self, digest, _Weak(weakref.ref(value)))
+        except TypeError:  # a dict or list takes no weak reference: let go of it
+            dict.pop(self, digest, None)
 

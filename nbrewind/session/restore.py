@@ -19,9 +19,10 @@ from nbrewind.checkpoint.values import load_group
 from nbrewind.session.keys import user_names
 from nbrewind.session.outside import SYS_PATH_INPUT
 from nbrewind.session.results import OutputHistory
-from nbrewind.session.state import HIDDEN, MODULE, UNSERIALIZABLE, VALUE, Entry
+from nbrewind.session.state import HIDDEN, MODULE, UNSERIALIZABLE, VALUE, Entry, finalizes_on_drop
 
 if TYPE_CHECKING:
+    from nbrewind.analysis import CellEffects
     from nbrewind.session.commit import Committer
     from nbrewind.session.notices import Notices
     from nbrewind.session.outside import Outside
@@ -116,6 +117,33 @@ class Restorer:
             if (name in wanted or (clients and kind.startswith("distributed.") and kind.endswith("Client"))) and ns.is_pending(name):
                 ns.materialize(name)
 
+    def load_before_dropping(self, effects: CellEffects) -> None:
+        """Load the pending values this cell may rebind or delete whose death runs a finalizer
+        the notebook can see (`state.FINALIZES`): dropping one must run it, as in a plain
+        kernel. A `del` the analysis cannot see (in `exec`) is handled where it happens
+        (`LazyNamespace.__delitem__`); a dynamic cell may rebind any name."""
+        ns = self._shell.user_ns
+        if not isinstance(ns, LazyNamespace):
+            return
+        pending = ns.pending()
+        names = pending if effects.dynamic or effects.deferred_dynamic else effects.writes | effects.deletes | effects.deferred_writes
+        for name in [n for n in names if n in pending and finalizes_on_drop(pending[n])]:
+            with contextlib.suppress(KeyError):  # one that cannot be loaded is not defined
+                self.load_to_drop(name, pending[name])
+
+    def load_to_drop(self, name: str, token: Any) -> None:
+        """Load `name` (pending under `token`, or already loaded with another) for a cell about
+        to drop it, and hold it nowhere but in the namespace, so that the drop runs its finalizer
+        as in a plain kernel: the resources made again hold it weakly (`Rebuilder.hold_weakly`),
+        the last checkpointed object is not held (`LiveState.release`)."""
+        ns = self._shell.user_ns
+        assert isinstance(ns, LazyNamespace)
+        if ns.is_pending(name):
+            ns.materialize(name)
+        if isinstance(token, Entry) and token.kind == UNSERIALIZABLE:
+            self._rebuilder.hold_weakly(token.digest)
+        self._state.release(name)
+
     def bring_back(self, names: Iterable[str]) -> None:
         """Load the pending values among `names` now (globals a library will call code with)."""
         ns = self._shell.user_ns
@@ -178,9 +206,11 @@ class Restorer:
         ns = self._shell.user_ns
         state = self._state
         for name in deletes:
-            if dict.__contains__(ns, name) or (isinstance(ns, LazyNamespace) and ns.is_pending(name)):
-                with contextlib.suppress(KeyError):
-                    del ns[name]
+            if isinstance(ns, LazyNamespace):
+                if dict.__contains__(ns, name) or ns.is_pending(name):
+                    ns.drop(name)  # what the drop did is in the replayed record: nothing to bring back
+            elif name in ns:
+                del ns[name]
             state.entries.pop(name, None)
             state.forget(name)
         eager: dict[str, list[str]] = {}

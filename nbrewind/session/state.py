@@ -23,6 +23,7 @@ from nbrewind.analysis import reach, value_reads
 from nbrewind.checkpoint.digests import digest_value
 from nbrewind.checkpoint.live import qualified_name
 from nbrewind.checkpoint.serialize import Unserializable, restoring_into
+from nbrewind.identity.finalizers import DeathWatch
 from nbrewind.identity.modules import is_local_module
 from nbrewind.session.plain import holds_only_plain
 from nbrewind.checkpoint.values import StagedGroup, load_group, stage_group, stage_json
@@ -141,6 +142,8 @@ class LiveState:
         self._last: dict[str, Callable[[], Any]] = {}
         self._reach: dict[str, set[int]] = {}
         self._holders: dict[int, set[str]] = {}
+        # Names whose reach holds an object whose death a notebook can see (`reach`).
+        self._finalizes: set[str] = set()
         # A value found inside another name's complete reach is indexed by its own id only
         # (it reaches nothing more: `ax` inside `fig`). Such a short reach is as good as a
         # full one while that other name's reach stands; when it is forgotten, the short
@@ -168,12 +171,21 @@ class LiveState:
 
     def remember(self, name: str, value: Any) -> None:
         """Record that `name` is bound to `value`, as stored in its entry."""
-        try:
-            self._last[name] = weakref.ref(value)
-        except TypeError:  # lists, dicts, tuples, numbers, strings: held as they are
-            self._last[name] = _Held(value)
         if self._indexed_now.get(name, _NOTHING) is not value:
             self._index(name, value)
+        try:
+            self._last[name] = weakref.ref(value)
+        except TypeError:  # lists, dicts, tuples, numbers, strings: held as they are...
+            # ...unless holding one would keep alive an object whose death the notebook sees
+            # (a list of open files): then nothing is held, and the name counts as rebound
+            # at every checkpoint (walked and digested again: never stale, only slower).
+            self._last[name] = _Held(value) if name not in self._finalizes else _forgotten
+
+    def release(self, name: str) -> None:
+        """Stop holding the object `name` was bound to at its last checkpoint (a cell is
+        about to drop it): the name then counts as rebound."""
+        if name in self._last:
+            self._last[name] = _forgotten
 
     def _remember_member(self, name: str, value: Any, group: tuple[str, ...]) -> None:
         """`remember`, for a member of a group this checkpoint just digested.
@@ -246,16 +258,21 @@ class LiveState:
             ids = {key}
             self._inside[name] = owner
             self._holds_inside.setdefault(owner, set()).add(name)
+            if owner in self._finalizes:  # perhaps not this part of it: bringing it back early is harmless
+                self._finalizes.add(name)
         else:
-            ids, whole = reach(value)
+            ids, whole, finalizes = reach(value, watch=DeathWatch())
             if whole and complete is not None:
                 complete[name] = ids
+            if finalizes:
+                self._finalizes.add(name)
         self._reach[name] = ids
         for oid in ids:
             self._holders.setdefault(oid, set()).add(name)
 
     def forget_reach(self, name: str) -> None:
         self._stale.discard(name)
+        self._finalizes.discard(name)
         owner = self._inside.pop(name, None)
         if owner is not None:
             self._holds_inside.get(owner, set()).discard(name)
@@ -404,7 +421,7 @@ class LiveState:
             digest = result.digest
             written += result.new_bytes
             for n in names:
-                entry = Entry(digest, VALUE, keys[n], names, _value_extra(values[n]))
+                entry = Entry(digest, VALUE, keys[n], names, _value_extra(values[n], n in self._finalizes))
                 self.entries[n] = entry
                 changed[n] = entry
                 self._remember_member(n, values[n], names)
@@ -450,18 +467,17 @@ class LiveState:
                 # gc, du, verify and pack follow it.
                 staged_doc = stage_json(self.objects, record, [parent] if parent else ())
                 self._staged.append(staged_doc)
-                entry = Entry(
-                    staged_doc.digest,
-                    UNSERIALIZABLE,
-                    *resource_key(staged_doc.digest, result, (n,), made_by=parent is not None, reads=value_reads(value)),
-                )
+                key, group, extra = resource_key(staged_doc.digest, result, (n,), made_by=parent is not None, reads=value_reads(value))
+                if n in self._finalizes:
+                    extra[FINALIZES] = True
+                entry = Entry(staged_doc.digest, UNSERIALIZABLE, key, group, extra)
                 unser[n] = result
             else:
                 self._staged.append(result)
                 digest = result.digest
                 written += result.new_bytes
                 vd = digest_value(value)
-                entry = Entry(digest, VALUE, value_key(str(vd), (n,)), (n,), _value_extra(value))
+                entry = Entry(digest, VALUE, value_key(str(vd), (n,)), (n,), _value_extra(value, n in self._finalizes))
             if self.entries.get(n) != entry:
                 changed[n] = entry
             self.entries[n] = entry
@@ -554,10 +570,13 @@ READS = "reads"
 """Entry extra of a stored function or class: the globals it reads (`value_reads`)."""
 
 
-def _value_extra(value: Any) -> dict[str, Any]:
-    """Metadata the repeat kernel uses without loading the value: its type, and for a
-    function or class what it reads, so keying a cell that calls it loads nothing."""
+def _value_extra(value: Any, finalizes: bool = False) -> dict[str, Any]:
+    """Metadata the repeat kernel uses without loading the value: its type, for a function
+    or class what it reads, so keying a cell that calls it loads nothing, and whether
+    dropping it runs a finalizer a notebook can see (`FINALIZES`)."""
     extra: dict[str, Any] = {"type": f"{type(value).__module__}.{type(value).__qualname__}"}
+    if finalizes:
+        extra[FINALIZES] = True
     if isinstance(value, (types.FunctionType, type)):
         extra["callable"] = True
         extra[READS] = sorted(value_reads(value))
@@ -566,11 +585,25 @@ def _value_extra(value: Any) -> dict[str, Any]:
     return extra
 
 
+FINALIZES = "finalizes"
+"""Entry extra of a value whose reach holds an object with a finalizer a notebook can see
+(`nbrewind.identity.finalizers`): a repeat brings it back before a cell drops it."""
+
+def finalizes_on_drop(token: Any) -> bool:
+    """Whether the pending value behind `token` (an Entry) must load before a cell drops it."""
+    return isinstance(token, Entry) and bool(token.extra.get(FINALIZES))
+
+
 PLAIN = "plain"
 """Entry extra of a stored container that holds nothing that can reach Dask (`session.plain`)."""
 
 
 _NOTHING = object()
+
+
+def _forgotten() -> None:
+    """A `_last` record that holds nothing (as a dead weak reference)."""
+    return None
 
 
 class _Held:

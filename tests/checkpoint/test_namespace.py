@@ -163,3 +163,23 @@ def test_ipython_transforming_a_one_line_cell_loads_nothing_while_peeking() -> N
     finally:
         shell.user_ns = saved
         InteractiveShell.clear_instance()
+
+
+def test_a_pending_name_dropped_by_del_or_pop_goes_through_the_before_drop_hook() -> None:
+    """The session loads a value whose finalizer the notebook sees before `del` drops it
+    (also inside `exec`, which the cell's analysis cannot see)."""
+    loads: list[str] = []
+    ns = make(loads)
+    seen: list[tuple[str, Any]] = []
+
+    def hook(name: str, token: Any) -> None:
+        seen.append((name, token))
+        ns.materialize(name)
+
+    ns.set_before_drop(hook)
+    ns.set_pending("a", 1)
+    ns.set_pending("b", 2)
+    ns["c"] = 3
+    exec("exec('del a')\ndel c", ns)
+    assert seen == [("a", 1)] and loads == ["a"] and "a" not in ns and "c" not in ns
+    assert ns.pop("b") == 4 and seen == [("a", 1), ("b", 2)]

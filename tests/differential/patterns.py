@@ -1007,6 +1007,66 @@ def _freed_value_patterns() -> list[Pattern]:
     ]
 
 
+# A file dropped unclosed warns (an error under the test run's warning filters).
+_UNCLOSED = "import warnings\nwarnings.simplefilter('ignore', ResourceWarning)\n"
+# A value whose death the notebook sees: what the drop prints or writes, and a check after it.
+_FINALIZING_KINDS = {
+    "class_with_del": (
+        "class Noisy:\n    def __del__(self):\n        print('finalized')\nx = Noisy()",
+        "print('after')",
+    ),
+    "del_writing_a_file": (
+        "class Log:\n    def __del__(self):\n        with open('log.txt', 'a') as f:\n            f.write('closed;')\nx = Log()",
+        "print(pathlib.Path('log.txt').read_text() if os.path.exists('log.txt') else 'no log')",
+    ),
+    "weakref_finalize_bound": (
+        "class B:\n    pass\nx = B()\nf = weakref.finalize(x, print, 'finalized')",
+        "print(f.alive)",
+    ),
+    "weakref_finalize_unbound": (
+        "class B:\n    pass\nx = B()\nweakref.finalize(x, print, 'finalized')\nx.n = 1",
+        "print('after')",
+    ),
+    "open_file_with_buffered_write": (
+        _UNCLOSED + "x = open('out.txt', 'w')\nx.write('buffered')",
+        "print(pathlib.Path('out.txt').read_text())",
+    ),
+    "generator_suspended_in_try": (
+        "def gen():\n    try:\n        yield 1\n        yield 2\n    finally:\n        print('closed')\nx = gen()\nnext(x)",
+        "print('after')",
+    ),
+    "list_of_objects_with_del": (
+        "class Noisy:\n    def __del__(self):\n        print('finalized')\nx = [Noisy(), Noisy()]",
+        "print('after')",
+    ),
+    "dict_holding_an_open_file": (
+        _UNCLOSED + "x = {'log': open('out.txt', 'w')}\nx['log'].write('buffered')",
+        "print(pathlib.Path('out.txt').read_text())",
+    ),
+}
+
+
+def _finalizer_patterns() -> list[Pattern]:
+    """A value whose death runs a finalizer the notebook can see, dropped by the edited cell:
+    replayed, it stayed in the store, so the drop ran nothing (no print, a file never flushed);
+    a list or dict holding one was kept alive by the kernel's record of the last checkpoint,
+    in the audit too. (A `tempfile.TemporaryDirectory` is left out: its folder has a random name,
+    and rebuilt on repeat it makes another folder while the replayed one stays: README, missing.)"""
+    setup = "import os\nimport pathlib\nimport weakref\n"
+    return [
+        pattern(
+            f"{kind}_{drop}_runs_its_finalizer",
+            f"{kind} dropped with `{how}`: the finalizer ran in a plain kernel only",
+            [setup + make, f"{how}\n{after}"],
+            edit={1: f"{how}\n{after}\nprint('edited')"},
+            # A cell that calls `weakref.finalize` changes what the library keeps: it never replays.
+            replays=() if kind == "weakref_finalize_unbound" else None,
+        )
+        for kind, (make, after) in _FINALIZING_KINDS.items()
+        for drop, how in _FREED_DROPS.items()
+    ]
+
+
 def _patterns() -> list[Pattern]:
     """Every pattern, made on first use (see `__getattr__`)."""
     return [
@@ -2025,6 +2085,7 @@ def _patterns() -> list[Pattern]:
     *_copy_on_write_patterns(),
     *_subclass_view_patterns(),
     *_freed_value_patterns(),
+    *_finalizer_patterns(),
     *(
         pattern(
             f"automagic_name_{name}_shown", f"{name}, a notebook name that is also an IPython alias magic, shown alone: "
@@ -2100,6 +2161,7 @@ KERNEL_PATTERNS += [f"library_patch_{name}_edited" for name, *_ in _PATCHES] + [
 KERNEL_PATTERNS += [f"replayed_{n}_raises_in_a_cell_that_runs" for n in ("function", "method", "lambda", "comprehension")]
 KERNEL_PATTERNS += ["replayed_function_warns_in_a_cell_that_runs", "ipython_xmode_edited_on_a_kernel"]
 KERNEL_PATTERNS += ["deleted_array_freed_inside_the_cell", "rebound_instance_freed_inside_the_cell", "deleted_cycle_freed_inside_the_cell"]
+KERNEL_PATTERNS += ["open_file_with_buffered_write_rebound_runs_its_finalizer", "list_of_objects_with_del_deleted_runs_its_finalizer"]
 KERNEL_PATTERNS += ["module_class_attribute_kept_reader_edited", "module_closure_counter_kept_reader_edited"]
 KERNEL_PATTERNS += [f"library_call_{label}_{how}" for label, *_ in _LIBRARY_CALLS for how in ("edited", "kept")]
 KERNEL_PATTERNS += [
