@@ -987,22 +987,33 @@ def _freed_value_patterns() -> list[Pattern]:
     name with its last checkpointed object, held strongly, so the object lived until the
     cell ended (a weak reference to it still alive; a cell replacing a large array held both)."""
     setup = "import gc\nimport weakref\nimport numpy as np\nimport pandas as pd\nclass Box:\n    pass\n"
-    return [
-        pattern(
-            f"{drop}_{kind}_freed_inside_the_cell",
-            f"a {kind} dropped with `{how}` stayed alive until the cell ended (False where a fresh run prints True)",
-            [f"{setup}x = {make}\nalive = weakref.ref(x)", f"{how}\ngc.collect()\nprint(alive() is None)"],
-            edit={1: f"{how}\ngc.collect()\nprint('freed', alive() is None)"},
+    # (name, why, the value, the dropping cell, its edit), over every way to drop it.
+    stories = [
+        (
+            f"{kind}_freed_inside_the_cell",
+            f"a {kind} dropped with `{{how}}` stayed alive until the cell ended (False where a fresh run prints True)",
+            make,
+            "{how}\ngc.collect()\nprint(alive() is None)",
+            "{how}\ngc.collect()\nprint('freed', alive() is None)",
         )
         for kind, make in _FREED_KINDS.items()
-        for drop, how in _FREED_DROPS.items()
     ] + [
-        pattern(
-            f"{drop}_cycle_kept_until_a_full_collection",
-            f"a self-referencing object dropped with `{how}` lives until the next full collection, not less",
-            [f"{setup}x = {_FREED_KINDS['cycle']}\nalive = weakref.ref(x)", f"{how}\nprint(alive() is None)\ngc.collect()\nprint(alive() is None)"],
-            edit={1: f"{how}\nprint('kept', alive() is None)\ngc.collect()\nprint('freed', alive() is None)"},
+        (
+            "cycle_kept_until_a_full_collection",
+            "a self-referencing object dropped with `{how}` lives until the next full collection, not less",
+            _FREED_KINDS["cycle"],
+            "{how}\nprint(alive() is None)\ngc.collect()\nprint(alive() is None)",
+            "{how}\nprint('kept', alive() is None)\ngc.collect()\nprint('freed', alive() is None)",
         )
+    ]
+    return [
+        pattern(
+            f"{drop}_{name}",
+            why.format(how=how),
+            [f"{setup}x = {make}\nalive = weakref.ref(x)", cell.format(how=how)],
+            edit={1: edited.format(how=how)},
+        )
+        for name, why, make, cell, edited in stories
         for drop, how in _FREED_DROPS.items()
     ]
 
