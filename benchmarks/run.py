@@ -671,6 +671,50 @@ def scenario_table(summaries: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def repeat_time_parts(raw: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """Where each scenario's repeat spends its time, medians over rounds (from the results
+    file's ``raw``): replayed cells; what was brought back for cells that ran (a cluster,
+    loaded values); those cells' own run, beside the same cells' fresh python3 time; and the
+    kernel's work around them (nbclient's cell time less the duration the kernel reports:
+    keying the cell before it runs, the checkpoint after)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for name, data in raw.items():
+        per: dict[str, list[dict[str, float]]] = {}
+        for round_ in data.get("rounds", []):
+            for scen, s in round_.get("scenarios", {}).items():
+                rep, fresh = s["repeat"], s["fresh"]["cells"]
+                parts = {"repeat_s": sum(rep["cells"]), "replays_s": 0.0, "brought_back_s": 0.0, "own_s": 0.0, "fresh_own_s": 0.0, "around_s": 0.0}
+                for i, (seconds, said) in enumerate(zip(rep["cells"], rep["said"])):
+                    if not said:
+                        continue
+                    if said["decision"] == "replayed":
+                        parts["replays_s"] += seconds
+                        continue
+                    back = (said.get("brought_back") or {}).get("seconds", 0.0)
+                    parts["brought_back_s"] += back
+                    parts["own_s"] += said["duration"] - back
+                    parts["fresh_own_s"] += fresh[i]
+                    parts["around_s"] += seconds - said["duration"]
+                per.setdefault(scen, []).append(parts)
+        out[name] = {scen: {k: _median([p[k] for p in rows]) for k in rows[0]} for scen, rows in per.items()}
+    return out
+
+
+def repeat_time_table(raw: dict[str, Any]) -> str:
+    """`repeat_time_parts` as a table for docs/benchmarks.md."""
+    lines = [
+        "| notebook / scenario | repeat s | replays | brought back | run cells' own time vs fresh | kernel work around run cells |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, scenarios in repeat_time_parts(raw).items():
+        for scen, m in scenarios.items():
+            lines.append(
+                f"| {name} / {scen} | {m['repeat_s']:.2f} | {m['replays_s']:.3f} | {m['brought_back_s']:.2f} "
+                f"| {m['own_s']:.2f} vs {m['fresh_own_s']:.2f} | {m['around_s']:.2f} |"
+            )
+    return "\n".join(lines)
+
+
 # -- main --------------------------------------------------------------------------------
 
 
@@ -696,7 +740,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--relay", action="store_true", help=f"workers store and load task results through the kernel ({RELAY_VARIABLE}=relay)"
     )
+    parser.add_argument("--explain", type=Path, default=None, help="run nothing: print the tables of this results file")
     args = parser.parse_args(argv)
+    if args.explain is not None:
+        saved = json.loads(args.explain.read_text())
+        print(markdown_table(saved["summary"]))
+        print()
+        print(scenario_table(saved["summary"]))
+        print()
+        print(repeat_time_table(saved["raw"]))
+        return 0
     if args.relay:
         os.environ[RELAY_VARIABLE] = "relay"  # kernels and the workers their clusters start inherit it
     rounds = args.rounds or (1 if args.quick else 2)
@@ -739,6 +792,8 @@ def main(argv: list[str] | None = None) -> int:
         "failures": failures,
         "raw": {name: {"scale": r.scale, "rounds": r.rounds, "analysis": r.analysis} for name, r in results.items()},
     }
+    print()
+    print(repeat_time_table(report["raw"]))
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=1, default=str))
