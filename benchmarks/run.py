@@ -690,11 +690,12 @@ def repeat_time_parts(raw: dict[str, Any]) -> dict[str, dict[str, dict[str, floa
                     if said["decision"] == "replayed":
                         parts["replays_s"] += seconds
                         continue
-                    back = (said.get("brought_back") or {}).get("seconds", 0.0)
+                    back = (said.get("brought_back") or {}).get("seconds") or 0.0
+                    duration = said.get("duration") or 0.0
                     parts["brought_back_s"] += back
-                    parts["own_s"] += said["duration"] - back
+                    parts["own_s"] += duration - back
                     parts["fresh_own_s"] += fresh[i]
-                    parts["around_s"] += seconds - said["duration"]
+                    parts["around_s"] += seconds - duration
                 per.setdefault(scen, []).append(parts)
         out[name] = {scen: {k: _median([p[k] for p in rows]) for k in rows[0]} for scen, rows in per.items()}
     return out
