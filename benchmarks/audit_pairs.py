@@ -34,21 +34,19 @@ def pairs(name: str, count: int, work: Path) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     failures: list[str] = []
     for number in range(count):
-        plain, audited = work / f"p{number}", work / f"a{number}"
-        plain.mkdir()
-        audited.mkdir()
-        write_variant(source, plain / f"{name}.ipynb", item.full_scale)
-        write_variant(source, audited / f"{name}.ipynb", item.full_scale)
-        if number % 2 == 0:  # alternate which goes first, so neither always finds a warmer machine
-            fresh = run(plain / f"{name}.ipynb", "python3", work)
-            audit = run(audited / f"{name}.ipynb", "audit", work, audited / f"{name}.ipynb.nbrewind")
-        else:
-            audit = run(audited / f"{name}.ipynb", "audit", work, audited / f"{name}.ipynb.nbrewind")
-            fresh = run(plain / f"{name}.ipynb", "python3", work)
+        done: dict[str, dict[str, Any]] = {}
+        order = ("python3", "audit") if number % 2 == 0 else ("audit", "python3")  # neither always finds a warmer machine
+        for kernel in order:
+            folder = work / f"{kernel}-{number}"
+            folder.mkdir()
+            nb = folder / f"{name}.ipynb"
+            write_variant(source, nb, item.full_scale)
+            done[kernel] = run(nb, kernel, work, nb.with_name(f"{nb.name}.nbrewind") if kernel == "audit" else None)
+        fresh, audit = done["python3"], done["audit"]
         failures += [f"{name} pair {number}: {p}" for p in compare_outputs(Path(fresh["output"]), Path(audit["output"]))]
         rows.append({"python3": fresh["cells"], "audit": audit["cells"]})
-        shutil.rmtree(plain)
-        shutil.rmtree(audited)
+        for kernel in order:
+            shutil.rmtree(work / f"{kernel}-{number}")
     ratios = [100 * (sum(r["audit"]) / sum(r["python3"]) - 1) for r in rows]
     extra = [statistics.median(r["audit"][i] - r["python3"][i] for r in rows) for i in range(len(rows[0]["python3"]))]
     return {

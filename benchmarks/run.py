@@ -716,6 +716,11 @@ def repeat_time_table(raw: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def all_tables(summaries: dict[str, dict[str, Any]], raw: dict[str, Any]) -> str:
+    """Every table a run prints: per notebook, per scenario, and where repeats spend time."""
+    return "\n\n".join((markdown_table(summaries), scenario_table(summaries), repeat_time_table(raw)))
+
+
 # -- main --------------------------------------------------------------------------------
 
 
@@ -745,11 +750,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.explain is not None:
         saved = json.loads(args.explain.read_text())
-        print(markdown_table(saved["summary"]))
-        print()
-        print(scenario_table(saved["summary"]))
-        print()
-        print(repeat_time_table(saved["raw"]))
+        print(all_tables(saved["summary"], saved["raw"]))
         return 0
     if args.relay:
         os.environ[RELAY_VARIABLE] = "relay"  # kernels and the workers their clusters start inherit it
@@ -779,9 +780,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         for problem in result.failures:
             print(f"    FAIL {problem}", flush=True)
-    print(markdown_table(summaries))
-    print()
-    print(scenario_table(summaries))
     report = {
         "command": "python -m benchmarks.run" + (" --quick" if args.quick else "") + (" --relay" if args.relay else "") + "".join(f" --only {n}" for n in args.only or []),
         "quick": args.quick,
@@ -793,8 +791,7 @@ def main(argv: list[str] | None = None) -> int:
         "failures": failures,
         "raw": {name: {"scale": r.scale, "rounds": r.rounds, "analysis": r.analysis} for name, r in results.items()},
     }
-    print()
-    print(repeat_time_table(report["raw"]))
+    print(all_tables(summaries, report["raw"]))
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=1, default=str))
